@@ -1,0 +1,83 @@
+"""Eviction policies for prefixcache, looked up by name.
+
+Built-in names: ``"lru"`` and ``"ref_zero"``. A third-party package adds its
+own either at run time with :func:`register` or, without any import, through
+the ``prefixcache.policies`` entry-point group::
+
+    [project.entry-points."prefixcache.policies"]
+    my_policy = "my_package.my_module:MyPolicy"
+
+>>> import policies
+>>> policies.get("lru").retains_unreferenced
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any, TypeVar
+
+from policies.base import EvictionPolicy, UnknownPolicyError
+from policies.lru import LRUPolicy
+from policies.ref_zero import RefZeroPolicy
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "EvictionPolicy",
+    "LRUPolicy",
+    "RefZeroPolicy",
+    "UnknownPolicyError",
+    "available",
+    "get",
+    "register",
+]
+
+ENTRY_POINT_GROUP = "prefixcache.policies"
+
+_T = TypeVar("_T", bound=type)
+_registry: dict[str, type] = {"lru": LRUPolicy, "ref_zero": RefZeroPolicy}
+
+
+def register(name: str) -> Callable[[_T], _T]:
+    """Class decorator that registers a policy under ``name``.
+
+    Re-registering a name replaces the previous class (handy in tests and
+    notebooks). Raises ``ValueError`` for an empty name.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"policy name must be a non-empty string, got {name!r}")
+
+    def decorator(cls: _T) -> _T:
+        _registry[name] = cls
+        return cls
+
+    return decorator
+
+
+def _load_entry_point(name: str) -> type | None:
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name == name:
+            cls = entry.load()
+            _registry[name] = cls
+            return cls
+    return None
+
+
+def available() -> list[str]:
+    """Sorted names of every registered policy, entry points included."""
+    names = set(_registry)
+    names.update(entry.name for entry in entry_points(group=ENTRY_POINT_GROUP))
+    return sorted(names)
+
+
+def get(name: str, **kwargs: Any) -> EvictionPolicy:
+    """Build the policy registered under ``name`` with ``kwargs``.
+
+    Raises:
+        UnknownPolicyError: no such policy; the message lists the known ones.
+    """
+    cls = _registry.get(name) or _load_entry_point(name)
+    if cls is None:
+        raise UnknownPolicyError(name, available())
+    return cls(**kwargs)

@@ -1,0 +1,86 @@
+"""The contract between the allocator and an eviction policy.
+
+A policy orders the *evictable leaves* of the prefix cache: blocks that no
+request references, that carry a registered hash, and that have no registered
+child. The allocator tells it when a block becomes such a leaf
+(:meth:`EvictionPolicy.insert`), when it stops being one (:meth:`discard`: a
+prefix hit took a reference, or a child was registered below it), and when a
+tracked leaf is touched. Under memory pressure it asks for victims
+(:meth:`evict`) and frees them. Evicting a leaf may turn its parent into a
+leaf, which the allocator then inserts, so a cached chain is eaten from the
+end and never cut in the middle.
+
+A policy sees block IDs, clock values and the few facts passed to
+:meth:`insert`, never the allocator. This package imports nothing from
+``prefixcache``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+class UnknownPolicyError(KeyError):
+    """No policy is registered under the requested name."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(name)
+        self.name = name
+        self.known = known
+
+    def __str__(self) -> str:
+        return f"unknown eviction policy {self.name!r}; known policies: {', '.join(self.known)}"
+
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    """What every eviction policy implements.
+
+    Attributes:
+        retains_unreferenced: ``True`` if blocks whose last reference is
+            released stay cached until evicted. ``False`` (the ref-zero policy)
+            tells the allocator to drop a hashed block as soon as no request
+            references it.
+    """
+
+    retains_unreferenced: bool
+
+    def insert(self, block_id: int, last_access: int, num_accesses: int, depth: int) -> None:
+        """Start tracking ``block_id``, which just became an evictable leaf.
+
+        Args:
+            block_id: the block; not tracked yet.
+            last_access: clock value of the block's last access.
+            num_accesses: how many times the block was handed to a request
+                (1 for a block filled once and never hit again).
+            depth: 0-based position of the block in its hash chain.
+        """
+        ...
+
+    def discard(self, block_id: int) -> None:
+        """Stop tracking ``block_id`` (it was hit or gained a child). Tracked IDs only."""
+        ...
+
+    def touch(self, block_id: int, now: int) -> None:
+        """Record an access at clock ``now`` to the tracked leaf ``block_id``."""
+        ...
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Choose up to ``num_blocks`` tracked leaves, stop tracking them, return them.
+
+        Returns fewer than asked only when fewer are tracked. The allocator
+        may call again after inserting the parents that the victims exposed.
+        """
+        ...
+
+    def clear(self) -> None:
+        """Forget every tracked block (allocator reset)."""
+        ...
+
+    def __len__(self) -> int:
+        """Number of tracked leaves."""
+        ...
+
+    def __contains__(self, block_id: object) -> bool:
+        """Whether ``block_id`` is tracked."""
+        ...

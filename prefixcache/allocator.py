@@ -1,0 +1,1025 @@
+"""KVBlockAllocator: reference-counted KV-cache blocks with prefix reuse."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from policies import EvictionPolicy
+from prefixcache import hashing
+from prefixcache.block_ids import (
+    EMPTY_IDS,
+    BlockIdsLike,
+    to_block_ids,
+    to_int_array,
+    to_tensor,
+)
+from prefixcache.config import AllocatorConfig, build_policy
+from prefixcache.errors import (
+    BlockStateError,
+    BudgetExceededError,
+    ConfigError,
+    HashConflictError,
+    InvalidArgumentError,
+    InvalidTensorError,
+    InvariantError,
+    ReferenceCountError,
+)
+from prefixcache.pool import BlockPool
+from prefixcache.registry import ROOT, HashRegistry
+from prefixcache.routing import RoutingStore
+from prefixcache.stats import AllocatorStats
+from prefixcache.types import NO_HASH
+
+_SENTINEL_HASHES = (0, -1)
+
+
+def _count_occurrences(block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct IDs and how often each occurs, skipping the sort when all are distinct."""
+    if len(block_ids) < 2:
+        return block_ids, np.ones(len(block_ids), dtype=np.int32)
+    ordered = np.sort(block_ids)
+    if (ordered[1:] != ordered[:-1]).all():
+        return block_ids, np.ones(len(block_ids), dtype=np.int32)
+    unique, counts = np.unique(block_ids, return_counts=True)
+    return unique, counts.astype(np.int32)
+
+
+class KVBlockAllocator:
+    """Hands out KV-cache block IDs, counts references, and shares cached prefixes.
+
+    Every usable block is in exactly one state: free (on the pool's stack),
+    active (held by at least one running request), paused (held only by
+    paused requests) or cached (held by nobody, registered under its hash,
+    evictable). See DESIGN.md "Block life cycle".
+
+    Methods by purpose:
+
+    - Allocation: :meth:`allocate_memory_blocks`, :meth:`release_memory_blocks`,
+      :meth:`is_memory_available`, :meth:`free_group`.
+    - Prefix reuse: :meth:`hash_tokens`, :meth:`match_prefix`,
+      :meth:`acquire_blocks`, :meth:`register_kv_block_hashes`.
+    - Partitions: :meth:`pause`, :meth:`resume`, :meth:`get_total_used`,
+      :meth:`get_active_used`, :meth:`get_paused_used`, :meth:`get_active_avail`,
+      :meth:`get_paused_avail`, :meth:`get_evictable_block_count`.
+    - Eviction and time: :meth:`update_timestamps`, :meth:`advance_clock`,
+      :meth:`evict_cached_blocks`, :meth:`evict_lru_blocks`.
+    - MoE routing: :meth:`store_routing_per_block`, :meth:`store_block_routing`,
+      :meth:`get_block_routing`, :meth:`reconstruct_routing_from_blocks`.
+    - Introspection: :meth:`stats`, :meth:`check_invariants`, :meth:`reset`.
+
+    Block IDs go in as a CPU integer tensor, numpy array or sequence of ints
+    and come out as a fresh CPU int32 tensor; nothing waits for the device.
+    Every method either completes or raises a
+    :class:`~prefixcache.errors.PrefixCacheError` and leaves the allocator
+    exactly as it was.
+
+    Not thread-safe: one scheduler thread owns an allocator.
+
+    Args:
+        config: an :class:`AllocatorConfig`; or pass its fields as keywords.
+    """
+
+    def __init__(self, config: AllocatorConfig | None = None, **kwargs: Any) -> None:
+        if config is None:
+            config = AllocatorConfig(**kwargs)
+        elif kwargs:
+            raise ConfigError("pass either an AllocatorConfig or keyword arguments, not both")
+        elif not isinstance(config, AllocatorConfig):
+            raise ConfigError(f"config must be an AllocatorConfig, got {type(config).__name__}")
+        if config.hash_algo not in hashing.HASH_ALGORITHMS:
+            valid = ", ".join(hashing.HASH_ALGORITHMS)
+            raise ConfigError(f"unknown hash_algo {config.hash_algo!r}; valid: {valid}")
+        self.config = config
+        self.policy: EvictionPolicy = build_policy(config.eviction_policy)
+        self.pool = BlockPool(config.total_count, config.device)
+        self.total_count = config.total_count
+        self.num_usable = config.total_count - 1
+        self.dummy_block_id = self.pool.dummy_block_id
+        self.paused_count = config.paused_count
+        self.active_count = self.num_usable - config.paused_count
+        self.block_size_tokens = config.block_size_tokens
+        self.enable_prefix_caching = config.enable_prefix_caching
+        self.registry = HashRegistry(config.total_count)
+        self.routing: RoutingStore | None = None
+        if config.routing_num_layers is not None and config.routing_top_k is not None:
+            self.routing = RoutingStore(
+                config.total_count,
+                config.block_size_tokens,
+                config.routing_num_layers,
+                config.routing_top_k,
+                config.routing_num_experts,
+            )
+        size = config.total_count
+        # Per-block host state, indexed by block ID, changed only by this class.
+        self._active_refs = np.zeros(size, dtype=np.int32)  # references of running requests
+        self._paused_refs = np.zeros(size, dtype=np.int32)  # references of paused requests
+        self._last_access = np.zeros(size, dtype=np.int64)  # clock of the last hand-out/touch
+        self._num_accesses = np.zeros(size, dtype=np.int32)  # hand-outs since allocated
+        # Pending releases of open free groups: references queued per block.
+        self._pending_releases = np.zeros(size, dtype=np.int32)
+        self._pending_chunks: list[np.ndarray] = []
+        self._group_depth = 0
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
+        self._clock = 0
+        self._num_active = 0
+        self._num_paused = 0
+        self._num_cached = 0
+        self._num_allocated = 0
+        self._num_released = 0
+        self._num_queried = 0
+        self._num_hits = 0
+        self._num_evicted = 0
+
+    # ------------------------------------------------------------------ allocation
+
+    def is_memory_available(self, num_blocks: int) -> bool:
+        """Whether :meth:`allocate_memory_blocks` can hand out ``num_blocks`` now.
+
+        Counts free blocks plus cached ones (every cached block is evictable).
+        Complexity: O(1).
+        """
+        return num_blocks <= self.pool.num_free + self._num_cached
+
+    def allocate_memory_blocks(self, num_blocks: int) -> torch.Tensor | None:
+        """Hand out ``num_blocks`` fresh blocks, each with one active reference.
+
+        Evicts cached blocks through the policy when the free stack is short.
+        Fresh blocks carry no hash and no routing.
+
+        Args:
+            num_blocks: how many blocks, >= 0.
+
+        Returns:
+            A fresh CPU int32 tensor of distinct IDs, or ``None`` (and nothing
+            changes) when even eviction cannot free enough.
+
+        Raises:
+            InvalidArgumentError: ``num_blocks`` is not a non-negative int.
+
+        Complexity: O(num_blocks) vectorised, plus O(log n) per evicted block.
+        """
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
+            raise InvalidArgumentError(f"num_blocks must be an int, got {num_blocks!r}")
+        num_blocks = int(num_blocks)
+        if num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks}")
+        if not self.is_memory_available(num_blocks):
+            return None
+        shortfall = num_blocks - self.pool.num_free
+        if shortfall > 0:
+            self._evict(shortfall)
+        block_ids = self.pool.acquire(num_blocks)
+        self._clock += 1
+        self._active_refs[block_ids] = 1
+        self._last_access[block_ids] = self._clock
+        self._num_accesses[block_ids] = 1
+        if self.routing is not None:
+            self.routing.clear(block_ids)
+        self._num_active += num_blocks
+        self._num_allocated += num_blocks
+        return to_tensor(block_ids)
+
+    def release_memory_blocks(self, block_ids: BlockIdsLike, *, paused: bool = False) -> None:
+        """Drop one reference per occurrence of each ID.
+
+        An ID listed twice drops two references (batched frees of requests
+        that share a prefix do this). A block left with no reference becomes
+        cached if it carries a hash and the policy retains unreferenced
+        blocks, else free. Inside :meth:`free_group` the release is checked
+        now and applied when the group closes.
+
+        Args:
+            block_ids: the IDs, duplicates allowed.
+            paused: drop references of the paused partition instead of active.
+
+        Raises:
+            InvalidTensorError, InvalidBlockIdError: malformed IDs, the dummy block.
+            ReferenceCountError: a block holds fewer references than released
+                (double free, or a free block).
+
+        Complexity: O(k log k) vectorised, plus O(1) policy work per new cached leaf.
+        """
+        ids = to_block_ids(block_ids, self.num_usable)
+        if ids.size == 0:
+            return
+        if self._group_depth and not paused:
+            self._queue_release(ids)
+            return
+        unique, counts = _count_occurrences(ids)
+        refs = self._paused_refs if paused else self._active_refs
+        self._check_reference_counts(unique, counts, refs, "paused" if paused else "active")
+        self._drop_references(unique, counts, refs)
+
+    @contextmanager
+    def free_group(self) -> Iterator[None]:
+        """Batch the active releases made inside the block into one release at exit.
+
+        Each release is validated when it is called (so errors point at the
+        bad call) and applied when the outermost group exits, also when the
+        block raises, as SGLang's ``free_group_begin/end``. Groups nest.
+
+        >>> allocator = KVBlockAllocator(total_count=8, device="cpu")
+        >>> a, b = allocator.allocate_memory_blocks(2), allocator.allocate_memory_blocks(1)
+        >>> with allocator.free_group():
+        ...     allocator.release_memory_blocks(a)
+        ...     allocator.release_memory_blocks(b)
+        >>> allocator.get_total_used()
+        0
+        """
+        self._group_depth += 1
+        try:
+            yield
+        finally:
+            self._group_depth -= 1
+            if self._group_depth == 0:
+                self._flush_releases()
+
+    def _queue_release(self, ids: np.ndarray) -> None:
+        unique, counts = _count_occurrences(ids)
+        available = self._active_refs[unique] - self._pending_releases[unique]
+        short = available < counts
+        if short.any():
+            block_id = int(unique[short][0])
+            raise ReferenceCountError(
+                f"block {block_id}: releasing {int(counts[short][0])} reference(s) but only "
+                f"{int(available[short][0])} active reference(s) remain after queued releases"
+            )
+        self._pending_releases[unique] += counts
+        self._pending_chunks.append(unique)
+
+    def _flush_releases(self) -> None:
+        if not self._pending_chunks:
+            return
+        touched = np.unique(np.concatenate(self._pending_chunks))
+        counts = self._pending_releases[touched].copy()
+        self._pending_releases[touched] = 0
+        self._pending_chunks.clear()
+        self._drop_references(touched, counts, self._active_refs)
+
+    def _check_reference_counts(
+        self, unique: np.ndarray, counts: np.ndarray, refs: np.ndarray, partition: str
+    ) -> None:
+        held = refs[unique]
+        short = held < counts
+        if short.any():
+            block_id = int(unique[short][0])
+            state = self._describe_state(block_id)
+            raise ReferenceCountError(
+                f"block {block_id} ({state}) holds {int(held[short][0])} {partition} "
+                f"reference(s); asked to drop {int(counts[short][0])}"
+            )
+
+    def _drop_references(self, unique: np.ndarray, counts: np.ndarray, refs: np.ndarray) -> None:
+        """Commit a validated release of ``counts`` references of ``unique`` from ``refs``."""
+        num_active, num_paused = self._tally_states(unique)
+        refs[unique] -= counts
+        after_active, after_paused = self._tally_states(unique)
+        self._num_active += after_active - num_active
+        self._num_paused += after_paused - num_paused
+        self._num_released += int(counts.sum())
+        unreferenced = unique[(self._active_refs[unique] == 0) & (self._paused_refs[unique] == 0)]
+        if len(unreferenced):
+            self._on_unreferenced(unreferenced)
+
+    def _tally_states(self, unique: np.ndarray) -> tuple[int, int]:
+        """(active, paused) block counts among distinct ``unique``."""
+        active = self._active_refs[unique] > 0
+        paused = ~active & (self._paused_refs[unique] > 0)
+        return int(np.count_nonzero(active)), int(np.count_nonzero(paused))
+
+    def _on_unreferenced(self, block_ids: np.ndarray) -> None:
+        """Blocks that just lost their last reference become cached or free."""
+        hashed = self.registry.is_registered[block_ids]
+        self.pool.release(block_ids[~hashed])
+        cached = block_ids[hashed]
+        if not len(cached):
+            return
+        self._num_cached += len(cached)
+        if self.policy.retains_unreferenced:
+            leaves = cached[self.registry.num_children[cached] == 0]
+            for block_id in leaves.tolist():
+                self._insert_leaf(block_id)
+            return
+        freed: list[int] = []
+        for block_id in cached.tolist():
+            if self.registry.is_registered[block_id]:
+                freed.extend(self._drop_subtree(block_id))
+        self._free_dropped(freed)
+
+    def _insert_leaf(self, block_id: int) -> None:
+        self.policy.insert(
+            block_id,
+            int(self._last_access[block_id]),
+            int(self._num_accesses[block_id]),
+            int(self.registry.depth_of[block_id]),
+        )
+
+    # ------------------------------------------------------------------ prefix reuse
+
+    def hash_tokens(
+        self,
+        tokens: Any,
+        *,
+        parent: int | None = None,
+        salt: str | bytes | None = None,
+        extra_keys: Sequence[object] | None = None,
+    ) -> list[int]:
+        """Chained hashes of the full blocks of ``tokens`` with this allocator's settings.
+
+        Uses ``block_size_tokens`` and ``hash_algo`` from the config; the
+        config's ``hash_salt`` comes first among the extra keys, so a new
+        weight version never shares blocks with the old one.
+
+        Complexity: O(tokens), one hash call per block.
+        """
+        keys: list[object] = []
+        if self.config.hash_salt is not None:
+            keys.append(self.config.hash_salt)
+        if extra_keys is not None:
+            keys.extend(extra_keys)
+        return hashing.compute_block_hashes(
+            tokens,
+            self.block_size_tokens,
+            parent=parent,
+            salt=salt,
+            extra_keys=keys or None,
+            algo=self.config.hash_algo,
+        )
+
+    def match_prefix(self, block_hashes: Any, *, acquire: bool = False) -> torch.Tensor:
+        """IDs of the blocks holding the longest registered prefix of ``block_hashes``.
+
+        Args:
+            block_hashes: chained hashes of a prompt's full blocks, in order
+                (a sequence of ints, or a 1-D integer tensor/array).
+            acquire: also take one active reference on every matched block,
+                atomically, so eviction cannot take them before the caller
+                allocates the rest.
+
+        Returns:
+            A fresh CPU int32 tensor, possibly empty.
+
+        Complexity: O(matched blocks) dict lookups, plus vectorised reference updates.
+        """
+        hashes = self._hash_list(block_hashes, "block_hashes")
+        if not self.enable_prefix_caching:
+            return to_tensor(EMPTY_IDS.copy())
+        matched = np.array(self.registry.match(hashes), dtype=np.int32)
+        self._num_queried += len(hashes)
+        self._num_hits += len(matched)
+        if acquire and len(matched):
+            self._take_references(matched, np.ones(len(matched), dtype=np.int32))
+        return to_tensor(matched)
+
+    def acquire_blocks(self, block_ids: BlockIdsLike) -> None:
+        """Take one active reference per occurrence on cached or referenced blocks.
+
+        Raises:
+            InvalidTensorError, InvalidBlockIdError: malformed IDs.
+            BlockStateError: a block is free (neither cached nor referenced).
+
+        Complexity: O(k log k) vectorised.
+        """
+        ids = to_block_ids(block_ids, self.num_usable)
+        if ids.size == 0:
+            return
+        unique, counts = _count_occurrences(ids)
+        free = ~self.registry.is_registered[unique] & (
+            self._active_refs[unique] + self._paused_refs[unique] == 0
+        )
+        if free.any():
+            raise BlockStateError(
+                f"block {int(unique[free][0])} is free; only cached or referenced blocks "
+                "can be acquired (allocate fresh blocks instead)"
+            )
+        self._take_references(unique, counts)
+
+    def _take_references(self, unique: np.ndarray, counts: np.ndarray) -> None:
+        """Commit ``counts`` new active references on validated distinct blocks."""
+        was_cached = (self._active_refs[unique] == 0) & (self._paused_refs[unique] == 0)
+        num_active, num_paused = self._tally_states(unique)
+        self._active_refs[unique] += counts
+        self._clock += 1
+        self._last_access[unique] = self._clock
+        self._num_accesses[unique] += counts
+        cached = unique[was_cached]
+        self._num_cached -= len(cached)
+        self._num_active += len(unique) - num_active
+        self._num_paused -= num_paused
+        if len(cached) and self.policy.retains_unreferenced:
+            for block_id in cached[self.registry.num_children[cached] == 0].tolist():
+                self.policy.discard(block_id)
+
+    def register_kv_block_hashes(
+        self,
+        block_ids: BlockIdsLike,
+        block_hashes: Any,
+        *,
+        parent_hash: int | None = None,
+    ) -> torch.Tensor:
+        """Register a chain of full blocks under their hashes so later prompts can hit them.
+
+        ``block_hashes[i]`` is the hash of ``block_ids[i]``; the parent of
+        ``block_hashes[0]`` is ``parent_hash`` (None: the chain starts at the
+        root) and the parent of each later hash is the one before it.
+        Idempotent: registering a block again under its own hash changes
+        nothing. A hash already held by another block is refused (the block
+        stays unhashed and is freed on release); the chain continues under the
+        holder, so later blocks still register.
+
+        Args:
+            block_ids: referenced (active or paused) blocks, one per hash.
+            block_hashes: their chained hashes (ints other than 0 and -1).
+            parent_hash: registered hash the chain continues, or None.
+
+        Returns:
+            A CPU bool tensor: True where the block now carries its hash.
+
+        Raises:
+            InvalidTensorError, InvalidBlockIdError, InvalidArgumentError: malformed input.
+            BlockStateError: a block is not referenced.
+            HashConflictError: a block already carries another hash, or
+                ``parent_hash`` is not registered.
+
+        Complexity: O(k) dict operations.
+        """
+        ids = to_block_ids(block_ids, self.num_usable)
+        hashes = self._hash_list(block_hashes, "block_hashes")
+        if len(hashes) != len(ids):
+            raise InvalidArgumentError(f"{len(ids)} block IDs but {len(hashes)} hashes")
+        for block_hash in hashes:
+            if block_hash in _SENTINEL_HASHES:
+                raise InvalidArgumentError(f"hash {block_hash} is a reserved sentinel")
+        if not self.enable_prefix_caching or not len(ids):
+            return torch.zeros(len(ids), dtype=torch.bool)
+        unreferenced = (self._active_refs[ids] + self._paused_refs[ids]) == 0
+        if unreferenced.any():
+            block_id = int(ids[unreferenced][0])
+            raise BlockStateError(
+                f"block {block_id} ({self._describe_state(block_id)}) is not referenced; "
+                "register blocks while a request holds them"
+            )
+        id_list = ids.tolist()
+        self._check_hash_assignment(id_list, hashes)
+        parent_id = ROOT
+        if parent_hash is not None:
+            holder = self.registry.block_of(parent_hash)
+            if holder is None:
+                raise HashConflictError(f"parent hash {parent_hash} is not registered")
+            parent_id = holder
+        registered = np.zeros(len(id_list), dtype=bool)
+        for index, (block_id, block_hash) in enumerate(zip(id_list, hashes, strict=True)):
+            holder = self.registry.block_of(block_hash)
+            if holder is None:
+                self._register_one(block_id, block_hash, parent_id)
+                holder = block_id
+            registered[index] = holder == block_id
+            parent_id = holder
+        return torch.from_numpy(registered)
+
+    def _check_hash_assignment(self, id_list: list[int], hashes: list[int]) -> None:
+        assigned: dict[int, int] = {}
+        for block_id, block_hash in zip(id_list, hashes, strict=True):
+            current = self.registry.hash_of(block_id)
+            if current != NO_HASH and current != block_hash:
+                raise HashConflictError(
+                    f"block {block_id} already carries hash {current}; cannot register {block_hash}"
+                )
+            if assigned.setdefault(block_id, block_hash) != block_hash:
+                raise HashConflictError(
+                    f"block {block_id} appears twice with different hashes "
+                    f"({assigned[block_id]} and {block_hash})"
+                )
+
+    def _register_one(self, block_id: int, block_hash: int, parent_id: int) -> None:
+        parent_was_tracked_leaf = (
+            parent_id != ROOT
+            and self.registry.num_children[parent_id] == 0
+            and self._active_refs[parent_id] == 0
+            and self._paused_refs[parent_id] == 0
+            and self.policy.retains_unreferenced
+        )
+        self.registry.register(block_id, block_hash, parent_id)
+        if parent_was_tracked_leaf:
+            self.policy.discard(parent_id)
+
+    @staticmethod
+    def _hash_list(block_hashes: Any, what: str) -> list[int]:
+        if isinstance(block_hashes, (torch.Tensor, np.ndarray)):
+            return to_int_array(block_hashes, what).tolist()
+        if isinstance(block_hashes, (str, bytes)) or not isinstance(block_hashes, Sequence):
+            raise InvalidTensorError(
+                f"{what} must be a sequence of ints or a 1-D integer tensor, "
+                f"got {type(block_hashes).__name__}"
+            )
+        hashes = list(block_hashes)
+        for block_hash in hashes:
+            if isinstance(block_hash, bool) or not isinstance(block_hash, (int, np.integer)):
+                raise InvalidTensorError(f"{what} must contain only ints, got {block_hash!r}")
+        return [int(block_hash) for block_hash in hashes]
+
+    # ------------------------------------------------------------------ partitions
+
+    def pause(self, block_ids: BlockIdsLike) -> None:
+        """Move one reference per occurrence from the active to the paused partition.
+
+        Raises:
+            ReferenceCountError: a block holds fewer active references than asked.
+            BudgetExceededError: more than ``paused_count`` blocks would be paused.
+
+        Complexity: O(k log k) vectorised.
+        """
+        self._move_references(block_ids, to_paused=True)
+
+    def resume(self, block_ids: BlockIdsLike) -> None:
+        """Move one reference per occurrence from the paused to the active partition.
+
+        Raises:
+            ReferenceCountError: a block holds fewer paused references than asked.
+            BudgetExceededError: more than ``active_count`` blocks would be active.
+
+        Complexity: O(k log k) vectorised.
+        """
+        self._move_references(block_ids, to_paused=False)
+
+    def _move_references(self, block_ids: BlockIdsLike, *, to_paused: bool) -> None:
+        ids = to_block_ids(block_ids, self.num_usable)
+        if ids.size == 0:
+            return
+        unique, counts = _count_occurrences(ids)
+        source, target = (
+            (self._active_refs, self._paused_refs)
+            if to_paused
+            else (self._paused_refs, self._active_refs)
+        )
+        self._check_reference_counts(unique, counts, source, "active" if to_paused else "paused")
+        num_active, num_paused = self._tally_states(unique)
+        after_active = self._active_refs[unique] + (-counts if to_paused else counts)
+        after_paused = self._paused_refs[unique] + (counts if to_paused else -counts)
+        new_active = int(np.count_nonzero(after_active > 0))
+        new_paused = int(np.count_nonzero((after_active == 0) & (after_paused > 0)))
+        total_active = self._num_active + new_active - num_active
+        total_paused = self._num_paused + new_paused - num_paused
+        if to_paused and total_paused > self.paused_count:
+            raise BudgetExceededError(
+                f"pausing would hold {total_paused} paused blocks; budget is {self.paused_count}"
+            )
+        if not to_paused and total_active > self.active_count:
+            raise BudgetExceededError(
+                f"resuming would hold {total_active} active blocks; budget is {self.active_count}"
+            )
+        source[unique] -= counts
+        target[unique] += counts
+        self._num_active, self._num_paused = total_active, total_paused
+
+    def get_total_used(self) -> int:
+        """Blocks not on the free stack (active + paused + cached). O(1)."""
+        return self.num_usable - self.pool.num_free
+
+    def get_active_used(self) -> int:
+        """Blocks held by at least one running request. O(1)."""
+        return self._num_active
+
+    def get_paused_used(self) -> int:
+        """Blocks held only by paused requests. O(1)."""
+        return self._num_paused
+
+    def get_active_avail(self) -> int:
+        """Room left in the active budget (never negative). O(1).
+
+        Allocation is bounded by the whole pool, as in Megatron-core; the
+        active budget binds :meth:`resume`.
+        """
+        return max(0, self.active_count - self._num_active)
+
+    def get_paused_avail(self) -> int:
+        """Room left in the paused budget. O(1)."""
+        return max(0, self.paused_count - self._num_paused)
+
+    def get_evictable_block_count(self) -> int:
+        """Cached blocks, all of which eviction can reclaim. O(1)."""
+        return self._num_cached
+
+    # ------------------------------------------------------------------ eviction and time
+
+    def advance_clock(self, ticks: int = 1) -> int:
+        """Move the logical clock forward and return it.
+
+        Every hand-out and touch already ticks the clock once, so recency
+        works without calling this; call it to mark coarser boundaries.
+        """
+        if isinstance(ticks, bool) or not isinstance(ticks, int) or ticks < 0:
+            raise InvalidArgumentError(f"ticks must be an int >= 0, got {ticks!r}")
+        self._clock += ticks
+        return self._clock
+
+    @property
+    def clock(self) -> int:
+        """The current logical clock value."""
+        return self._clock
+
+    def update_timestamps(self, block_ids: BlockIdsLike) -> None:
+        """Mark blocks as used now, so recency-based policies keep them longer.
+
+        Raises:
+            InvalidTensorError, InvalidBlockIdError: malformed IDs.
+            BlockStateError: a block is free.
+
+        Complexity: O(k) vectorised, plus O(log n) per touched cached leaf.
+        """
+        ids = to_block_ids(block_ids, self.num_usable)
+        if ids.size == 0:
+            return
+        unreferenced = (self._active_refs[ids] + self._paused_refs[ids]) == 0
+        free = unreferenced & ~self.registry.is_registered[ids]
+        if free.any():
+            raise BlockStateError(
+                f"block {int(ids[free][0])} is free; it has no timestamp to update"
+            )
+        self._clock += 1
+        self._last_access[ids] = self._clock
+        if self.policy.retains_unreferenced:
+            leaves = np.unique(ids[unreferenced & (self.registry.num_children[ids] == 0)])
+            for block_id in leaves.tolist():
+                self.policy.touch(block_id, self._clock)
+
+    def evict_cached_blocks(self, num_blocks: int) -> int:
+        """Evict up to ``num_blocks`` cached blocks through the policy.
+
+        Returns:
+            How many blocks were freed.
+
+        Complexity: O(log n) per evicted block.
+        """
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        num_blocks = min(num_blocks, self._num_cached)
+        before = self.pool.num_free
+        if num_blocks:
+            self._evict(num_blocks)
+        return self.pool.num_free - before
+
+    def evict_lru_blocks(self, num_blocks: int) -> bool:
+        """Megatron-core's name: evict ``num_blocks`` cached blocks, all or none.
+
+        Delegates to the configured policy (LRU by default).
+
+        Returns:
+            True if that many blocks were evicted; False (nothing changes) if
+            fewer are cached.
+        """
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        if num_blocks > self._num_cached:
+            return False
+        if num_blocks:
+            self._evict(num_blocks)
+        return True
+
+    def _evict(self, num_blocks: int) -> None:
+        """Free at least ``num_blocks`` cached blocks (caller checked there are enough)."""
+        freed: list[int] = []
+        while len(freed) < num_blocks:
+            victims = self.policy.evict(num_blocks - len(freed))
+            if not victims:
+                freed.extend(self._drop_subtree(self._oldest_pinned_cached_block()))
+                continue
+            self._check_victims(victims)
+            for block_id in victims:
+                self._evict_leaf(block_id)
+            freed.extend(victims)
+        self._free_dropped(freed)
+
+    def _check_victims(self, victims: list[int]) -> None:
+        ids = np.asarray(victims, dtype=np.int64)
+        ok = (
+            (ids >= 0).all()
+            and (ids < self.num_usable).all()
+            and self.registry.is_registered[ids].all()
+            and (self.registry.num_children[ids] == 0).all()
+            and (self._active_refs[ids] + self._paused_refs[ids] == 0).all()
+        )
+        if not ok:
+            raise InvariantError(
+                f"policy {type(self.policy).__name__} chose non-leaf victims {victims}"
+            )
+
+    def _evict_leaf(self, block_id: int) -> None:
+        parent_id = self.registry.deregister_leaf(block_id)
+        self._num_cached -= 1
+        if (
+            parent_id != ROOT
+            and self.registry.num_children[parent_id] == 0
+            and self._active_refs[parent_id] == 0
+            and self._paused_refs[parent_id] == 0
+        ):
+            self._insert_leaf(parent_id)
+
+    def _oldest_pinned_cached_block(self) -> int:
+        """The least recently used cached block that has children (the policy has no leaves).
+
+        Such a block is pinned below by a referenced descendant: it happens
+        only when a request released a prefix while still holding later
+        blocks, or holds a block registered under another request's prefix.
+        Complexity: O(total_count); reached only in that rare case.
+        """
+        candidates = np.flatnonzero(
+            self.registry.is_registered
+            & (self._active_refs == 0)
+            & (self._paused_refs == 0)
+            & (self.registry.num_children > 0)
+        )
+        return int(candidates[np.argmin(self._last_access[candidates])])
+
+    def _drop_subtree(self, root_id: int) -> list[int]:
+        """Deregister ``root_id`` and every registered descendant; return the cached ones.
+
+        Referenced descendants keep their references but lose their hashes
+        (they are freed when released), which keeps the registry
+        ancestor-closed. Returns the unreferenced blocks, now ready to free.
+        """
+        order: list[int] = []
+        stack = [root_id]
+        while stack:
+            block_id = stack.pop()
+            order.append(block_id)
+            stack.extend(self.registry.children_of(block_id))
+        parent_id = int(self.registry.parent_of[root_id])
+        freed: list[int] = []
+        for block_id in reversed(order):
+            unreferenced = self._active_refs[block_id] == 0 and self._paused_refs[block_id] == 0
+            if unreferenced and block_id in self.policy:
+                self.policy.discard(block_id)
+            self.registry.deregister_leaf(block_id)
+            if unreferenced:
+                self._num_cached -= 1
+                freed.append(block_id)
+        if (
+            parent_id != ROOT
+            and self.policy.retains_unreferenced
+            and self.registry.num_children[parent_id] == 0
+            and self._active_refs[parent_id] == 0
+            and self._paused_refs[parent_id] == 0
+        ):
+            self._insert_leaf(parent_id)
+        return freed
+
+    def _free_dropped(self, freed: list[int]) -> None:
+        if not freed:
+            return
+        ids = np.asarray(freed, dtype=np.int32)
+        if self.routing is not None:
+            self.routing.clear(ids)
+        self.pool.release(ids)
+        self._num_evicted += len(ids)
+
+    # ------------------------------------------------------------------ MoE routing
+
+    def _routing_store(self) -> RoutingStore:
+        if self.routing is None:
+            raise ConfigError(
+                "MoE routing is not configured (set routing_num_layers and routing_top_k)"
+            )
+        return self.routing
+
+    def _check_referenced(self, ids: np.ndarray, what: str) -> None:
+        unreferenced = (self._active_refs[ids] + self._paused_refs[ids]) == 0
+        if unreferenced.any():
+            block_id = int(ids[unreferenced][0])
+            raise BlockStateError(
+                f"{what}: block {block_id} ({self._describe_state(block_id)}) is not referenced"
+            )
+
+    def store_routing_per_block(
+        self, flat_routing: Any, token_block_ids: BlockIdsLike, token_positions: BlockIdsLike
+    ) -> None:
+        """Store each token's routed experts at its block and position.
+
+        Tokens pointing at the dummy block (padding) are skipped.
+
+        Args:
+            flat_routing: ``[tokens, layers, top_k]`` integer CPU tensor or array.
+            token_block_ids: ``[tokens]`` block of each token (dummy allowed).
+            token_positions: ``[tokens]`` position of each token in its block.
+
+        Raises:
+            ConfigError: routing is not configured.
+            InvalidTensorError, InvalidArgumentError, InvalidBlockIdError: bad input.
+            BlockStateError: a target block is not referenced.
+
+        Complexity: O(tokens) vectorised.
+        """
+        store = self._routing_store()
+        routing = self._routing_array(flat_routing)
+        blocks = to_int_array(token_block_ids, "token_block_ids")
+        positions = to_int_array(token_positions, "token_positions")
+        if not (len(blocks) == len(positions) == routing.shape[0]):
+            raise InvalidTensorError(
+                f"lengths differ: {routing.shape[0]} routing rows, {len(blocks)} block IDs, "
+                f"{len(positions)} positions"
+            )
+        store.validate_routing(routing)
+        keep = blocks != self.dummy_block_id
+        blocks = to_block_ids(blocks[keep], self.num_usable, "token_block_ids")
+        positions = positions[keep]
+        if positions.size and (positions.min() < 0 or positions.max() >= self.block_size_tokens):
+            raise InvalidArgumentError(
+                f"token_positions must lie in [0, {self.block_size_tokens}), "
+                f"got [{positions.min()}, {positions.max()}]"
+            )
+        if blocks.size:
+            self._check_referenced(blocks, "store_routing_per_block")
+            store.store_tokens(routing[keep], blocks, positions)
+
+    def store_block_routing(self, block_id: int, routing: Any) -> None:
+        """Store the routing of one block's first ``len(routing)`` tokens.
+
+        Raises:
+            ConfigError, InvalidTensorError, InvalidArgumentError,
+            InvalidBlockIdError, BlockStateError: as for :meth:`store_routing_per_block`.
+        """
+        store = self._routing_store()
+        ids = to_block_ids([block_id], self.num_usable, "block_id")
+        array = self._routing_array(routing)
+        store.validate_routing(array)
+        if array.shape[0] > self.block_size_tokens:
+            raise InvalidTensorError(
+                f"routing has {array.shape[0]} rows; a block holds {self.block_size_tokens} tokens"
+            )
+        self._check_referenced(ids, "store_block_routing")
+        store.store_block(int(ids[0]), array)
+
+    def get_block_routing(self, block_id: int) -> torch.Tensor | None:
+        """A copy of one block's routing ``[block_size, layers, top_k]``, or None if incomplete."""
+        store = self._routing_store()
+        ids = to_block_ids([block_id], self.num_usable, "block_id")
+        routing = store.get_block(int(ids[0]))
+        return None if routing is None else torch.from_numpy(routing)
+
+    def reconstruct_routing_from_blocks(
+        self, block_ids: BlockIdsLike, total_tokens: int
+    ) -> torch.Tensor | None:
+        """Routing ``[total_tokens, layers, top_k]`` of a request's blocks, in order.
+
+        Returns None when any of the first ``total_tokens`` tokens has no routing.
+
+        Complexity: O(total_tokens) vectorised.
+        """
+        store = self._routing_store()
+        ids = to_block_ids(block_ids, self.num_usable)
+        if isinstance(total_tokens, bool) or not isinstance(total_tokens, int):
+            raise InvalidArgumentError(f"total_tokens must be an int, got {total_tokens!r}")
+        if not 0 <= total_tokens <= len(ids) * self.block_size_tokens:
+            raise InvalidArgumentError(
+                f"total_tokens {total_tokens} outside [0, {len(ids) * self.block_size_tokens}] "
+                f"for {len(ids)} blocks"
+            )
+        routing = store.reconstruct(ids, total_tokens)
+        return None if routing is None else torch.from_numpy(routing)
+
+    @staticmethod
+    def _routing_array(routing: Any) -> np.ndarray:
+        if isinstance(routing, torch.Tensor):
+            if routing.device.type != "cpu":
+                raise InvalidTensorError(
+                    f"routing must be on the CPU (copy it off the device first), "
+                    f"got {routing.device}"
+                )
+            return routing.detach().numpy()
+        if isinstance(routing, np.ndarray):
+            return routing
+        raise InvalidTensorError(
+            f"routing must be a tensor or an array, got {type(routing).__name__}"
+        )
+
+    # ------------------------------------------------------------------ introspection
+
+    def reset(self) -> None:
+        """Return to the state just after construction: every block free, nothing cached.
+
+        Queued releases of an open free group are dropped. Statistics restart.
+        Complexity: O(total_count).
+        """
+        self.pool.reset()
+        self.registry.clear()
+        self.policy.clear()
+        if self.routing is not None:
+            self.routing.clear_all()
+        for array in (
+            self._active_refs,
+            self._paused_refs,
+            self._last_access,
+            self._num_accesses,
+            self._pending_releases,
+        ):
+            array[:] = 0
+        self._pending_chunks.clear()
+        self._reset_counters()
+
+    def stats(self) -> AllocatorStats:
+        """A snapshot of counts per state and cumulative events. O(1)."""
+        return AllocatorStats(
+            total_count=self.total_count,
+            num_usable=self.num_usable,
+            num_free=self.pool.num_free,
+            num_active=self._num_active,
+            num_paused=self._num_paused,
+            num_cached=self._num_cached,
+            num_registered=len(self.registry),
+            num_allocated_blocks=self._num_allocated,
+            num_released_references=self._num_released,
+            num_queried_blocks=self._num_queried,
+            num_hit_blocks=self._num_hits,
+            num_evicted_blocks=self._num_evicted,
+            clock=self._clock,
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"using: total {self.get_total_used()}/{self.num_usable}"
+            f"; active {self._num_active}/{self.active_count}"
+            f"; paused {self._num_paused}/{self.paused_count}"
+            f"; cached {self._num_cached}"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"KVBlockAllocator(total_count={self.total_count}, policy={type(self.policy).__name__})"
+        )
+
+    def _describe_state(self, block_id: int) -> str:
+        if self._active_refs[block_id] > 0:
+            return "active"
+        if self._paused_refs[block_id] > 0:
+            return "paused"
+        return "cached" if self.registry.is_registered[block_id] else "free"
+
+    def check_invariants(self) -> None:
+        """Check every invariant of DESIGN.md; raise InvariantError naming the first broken one.
+
+        Meant for tests and debugging. Complexity: O(total_count).
+        """
+        problems = self._find_invariant_problems()
+        if problems:
+            raise InvariantError("; ".join(problems[:5]))
+
+    def _find_invariant_problems(self) -> list[str]:
+        problems: list[str] = []
+        usable = slice(0, self.num_usable)
+        active_refs, paused_refs = self._active_refs[usable], self._paused_refs[usable]
+        registered = self.registry.is_registered[usable]
+        if (active_refs < 0).any() or (paused_refs < 0).any():
+            problems.append("a reference count is negative")
+        dummy = self.dummy_block_id
+        if (
+            self._active_refs[dummy]
+            or self._paused_refs[dummy]
+            or self.registry.is_registered[dummy]
+        ):
+            problems.append(f"dummy block {dummy} is referenced or registered")
+        free_ids = self.pool.free_ids()
+        on_stack = np.zeros(self.num_usable, dtype=bool)
+        on_stack[free_ids] = True
+        if len(np.unique(free_ids)) != len(free_ids):
+            problems.append("a block is on the free stack twice")
+        is_active = active_refs > 0
+        is_paused = ~is_active & (paused_refs > 0)
+        unreferenced = ~is_active & ~is_paused
+        is_cached = unreferenced & registered
+        is_free = unreferenced & ~registered
+        if not np.array_equal(on_stack, is_free):
+            bad = int(np.flatnonzero(on_stack != is_free)[0])
+            problems.append(f"block {bad}: on free stack={on_stack[bad]} but free={is_free[bad]}")
+        for name, mask, counter in (
+            ("active", is_active, self._num_active),
+            ("paused", is_paused, self._num_paused),
+            ("cached", is_cached, self._num_cached),
+        ):
+            if int(mask.sum()) != counter:
+                problems.append(f"{name} counter {counter} but {int(mask.sum())} {name} blocks")
+        total = len(free_ids) + self._num_active + self._num_paused + self._num_cached
+        if total != self.num_usable:
+            problems.append(f"free+active+paused+cached = {total}, usable = {self.num_usable}")
+        problems.extend(self.registry.check())
+        leaves = np.flatnonzero(is_cached & (self.registry.num_children[usable] == 0))
+        if not self.policy.retains_unreferenced:
+            if self._num_cached:
+                problems.append(f"policy keeps nothing but {self._num_cached} blocks are cached")
+        else:
+            if len(self.policy) != len(leaves):
+                problems.append(
+                    f"policy tracks {len(self.policy)} blocks, {len(leaves)} cached leaves"
+                )
+            untracked = [int(b) for b in leaves if int(b) not in self.policy]
+            if untracked:
+                problems.append(f"cached leaf {untracked[0]} is not tracked by the policy")
+        if self._pending_releases.any() and not self._group_depth:
+            problems.append("releases are queued outside a free group")
+        return problems

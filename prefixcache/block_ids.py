@@ -1,0 +1,86 @@
+"""Turning caller-supplied block IDs into validated host arrays, and back.
+
+Every public call accepts block IDs as a 1-D CPU integer tensor, a 1-D numpy
+integer array or a sequence of ints, and returns a fresh CPU int32 tensor.
+Conversion never reads device memory: a tensor on any device but the CPU is
+refused rather than copied back (that copy would stall the host on the GPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from prefixcache.errors import InvalidBlockIdError, InvalidTensorError
+
+BlockIdsLike = torch.Tensor | np.ndarray | Sequence[int]
+"""What the public API accepts wherever it takes block IDs."""
+
+EMPTY_IDS = np.empty(0, dtype=np.int32)
+
+
+def to_int_array(values: BlockIdsLike, what: str) -> np.ndarray:
+    """Convert ``values`` to a 1-D numpy integer array without validating the range.
+
+    The result may share memory with ``values``; callers only read it.
+
+    Raises:
+        InvalidTensorError: not 1-D, not an integer dtype, or a non-CPU tensor.
+    """
+    if isinstance(values, torch.Tensor):
+        if values.device.type != "cpu":
+            raise InvalidTensorError(
+                f"{what} must be a CPU tensor (host IDs), got device {values.device}"
+            )
+        if values.dtype in (torch.bool,) or values.is_floating_point() or values.is_complex():
+            raise InvalidTensorError(f"{what} must have an integer dtype, got {values.dtype}")
+        array = values.detach().numpy()
+    elif isinstance(values, np.ndarray):
+        array = values
+    elif isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise InvalidTensorError(
+            f"{what} must be a tensor, an array or a sequence of ints, got {type(values).__name__}"
+        )
+    else:
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in values):
+            raise InvalidTensorError(f"{what} must contain only ints")
+        try:
+            array = np.asarray(values, dtype=np.int64)
+        except OverflowError as exc:
+            raise InvalidTensorError(f"{what} holds an integer out of range") from exc
+    if array.ndim != 1:
+        raise InvalidTensorError(f"{what} must be 1-D, got shape {tuple(array.shape)}")
+    if array.dtype.kind not in "iu":
+        raise InvalidTensorError(f"{what} must have an integer dtype, got {array.dtype}")
+    return array
+
+
+def to_block_ids(values: BlockIdsLike, num_usable: int, what: str = "block_ids") -> np.ndarray:
+    """Validate ``values`` as IDs of usable blocks and return them as int32.
+
+    The dummy block has the ID ``num_usable`` (the last one), so one range
+    check rejects it along with every out-of-range ID.
+
+    Raises:
+        InvalidTensorError: see :func:`to_int_array`.
+        InvalidBlockIdError: an ID is negative, the dummy block, or past the pool.
+    """
+    array = to_int_array(values, what)
+    if array.size == 0:
+        return EMPTY_IDS
+    low, high = int(array.min()), int(array.max())
+    if low < 0 or high >= num_usable:
+        bad = low if low < 0 else high
+        if bad == num_usable:
+            raise InvalidBlockIdError(
+                f"{what} names the dummy block {bad}, which is never handed out"
+            )
+        raise InvalidBlockIdError(f"{what} holds block {bad}, outside [0, {num_usable})")
+    return array.astype(np.int32, copy=False)
+
+
+def to_tensor(ids: np.ndarray) -> torch.Tensor:
+    """Wrap a fresh int32 array as a CPU tensor (no copy: the array must not be shared)."""
+    return torch.from_numpy(ids)

@@ -1,0 +1,118 @@
+"""AllocatorConfig, and turning a plain dict (from YAML/JSON) into one."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import policies
+from policies import EvictionPolicy, UnknownPolicyError
+from prefixcache.errors import ConfigError
+
+PolicySpec = str | Mapping[str, Any] | EvictionPolicy
+"""A policy name, ``{"name": ..., **kwargs}``, or a ready policy object."""
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """Everything a :class:`~prefixcache.KVBlockAllocator` is built from.
+
+    Attributes:
+        total_count: blocks in the pool, the dummy block included.
+        paused_count: budget of blocks that paused requests may hold; the
+            active budget is ``total_count - 1 - paused_count``.
+        block_size_tokens: tokens per block (used for hashing and routing).
+        enable_prefix_caching: when False, hashes are ignored: nothing is
+            registered and nothing matches.
+        eviction_policy: ``"lru"``, ``"ref_zero"``, any registered name,
+            ``{"name": "lru", ...kwargs}``, or a policy object.
+        device: where device mirrors live; ``None`` = CUDA when available.
+        hash_algo: ``"xxh3_64"`` (default), ``"xxh3_128"`` or ``"sha256"``.
+        hash_salt: deployment-wide salt (model or weight version) mixed into
+            every chain's root by :meth:`KVBlockAllocator.hash_tokens`.
+        routing_num_layers, routing_top_k: MoE routing dimensions; both set
+            enables per-block routing storage.
+        routing_num_experts: decides the stored dtype (int16 up to 32,767
+            experts, int32 beyond); defaults to int16.
+    """
+
+    total_count: int
+    paused_count: int = 0
+    block_size_tokens: int = 16
+    enable_prefix_caching: bool = True
+    eviction_policy: PolicySpec = "lru"
+    device: str | None = None
+    hash_algo: str = "xxh3_64"
+    hash_salt: str | None = None
+    routing_num_layers: int | None = None
+    routing_top_k: int | None = None
+    routing_num_experts: int | None = None
+
+    def __post_init__(self) -> None:
+        _require_int("total_count", self.total_count, 2)
+        _require_int("paused_count", self.paused_count, 0)
+        _require_int("block_size_tokens", self.block_size_tokens, 1)
+        if self.paused_count > self.total_count - 2:
+            raise ConfigError(
+                f"paused_count {self.paused_count} leaves no active blocks "
+                f"(total_count {self.total_count}, one is the dummy)"
+            )
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(
+                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
+            )
+        if (self.routing_num_layers is None) != (self.routing_top_k is None):
+            raise ConfigError("routing_num_layers and routing_top_k must be set together")
+        for name in ("routing_num_layers", "routing_top_k", "routing_num_experts"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_int(name, value, 1)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> AllocatorConfig:
+        """Build a config from a mapping, refusing unknown keys by name.
+
+        >>> config = AllocatorConfig.from_dict({"total_count": 64, "eviction_policy": "ref_zero"})
+        >>> config.paused_count
+        0
+        """
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"config must be a mapping, got {type(values).__name__}")
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown config keys {unknown}; valid keys: {sorted(known)}")
+        return cls(**values)
+
+
+def build_policy(spec: PolicySpec) -> EvictionPolicy:
+    """Turn a policy spec into a fresh policy object.
+
+    Raises:
+        ConfigError: unknown name (the message lists the known ones), bad
+            keyword arguments, or an object that is not an EvictionPolicy.
+    """
+    if isinstance(spec, str):
+        name, kwargs = spec, {}
+    elif isinstance(spec, Mapping):
+        if "name" not in spec:
+            raise ConfigError(f"eviction_policy mapping needs a 'name' key, got {dict(spec)}")
+        kwargs = {key: value for key, value in spec.items() if key != "name"}
+        name = spec["name"]
+    elif isinstance(spec, EvictionPolicy):
+        return spec
+    else:
+        raise ConfigError(f"eviction_policy must be a name, a mapping or a policy, got {spec!r}")
+    try:
+        return policies.get(name, **kwargs)
+    except UnknownPolicyError as exc:
+        raise ConfigError(str(exc)) from exc
+    except TypeError as exc:
+        raise ConfigError(f"bad arguments for eviction policy {name!r}: {exc}") from exc

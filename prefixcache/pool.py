@@ -1,0 +1,114 @@
+"""BlockPool: the stack of free block IDs, the dummy block and its device mirror."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from prefixcache.errors import CapacityError, ConfigError
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None`` means ``"cuda"`` when available, else ``"cpu"``."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"invalid device {device!r}: {exc}") from exc
+
+
+class BlockPool:
+    """A LIFO stack of free block IDs with one reserved dummy block.
+
+    The pool hands out IDs ``0 .. total_count - 2``; ID ``total_count - 1`` is
+    the dummy block that padded tokens of a batch point at, never handed out.
+    The stack lives on the host (an int32 array); :meth:`acquire` pops a slice
+    and returns a copy, :meth:`release` pushes a slice, both with no Python
+    loop per block. LIFO order hands recently freed (cache-warm) blocks out
+    first.
+
+    When ``device`` is not the CPU, a device tensor mirrors the stack for
+    kernels that allocate on the device. Pushes are copied to it with
+    ``non_blocking=True`` from pinned host memory (when CUDA is present) and
+    it is never read back, so no call waits for the device. The mirror is
+    exact once the copy stream has drained.
+
+    The pool does not validate IDs: :class:`~prefixcache.KVBlockAllocator`
+    owns the reference counts and checks every ID before it reaches here.
+
+    Methods: :meth:`acquire`, :meth:`release`, :meth:`reset`, :meth:`free_ids`.
+    Not thread-safe.
+
+    Args:
+        total_count: number of blocks including the dummy block (>= 2).
+        device: where the mirror lives; ``None`` picks CUDA when available.
+    """
+
+    def __init__(self, total_count: int, device: str | torch.device | None = None) -> None:
+        if isinstance(total_count, bool) or not isinstance(total_count, int) or total_count < 2:
+            raise ConfigError(
+                f"total_count must be an int >= 2 (one is the dummy), got {total_count!r}"
+            )
+        self.total_count = total_count
+        self.num_usable = total_count - 1
+        self.dummy_block_id = total_count - 1
+        self.device = resolve_device(device)
+        pin = self.device.type == "cuda" and torch.cuda.is_available()
+        # int32 host stack; the top is at index num_free - 1. Pinned when a CUDA
+        # mirror copies from it, so the copies can run asynchronously.
+        self._stack_tensor = torch.empty(self.num_usable, dtype=torch.int32, pin_memory=pin)
+        self._stack = self._stack_tensor.numpy()
+        # int32 mirror of the stack on self.device, or None on the CPU.
+        self._mirror: torch.Tensor | None = None
+        if self.device.type != "cpu":
+            self._mirror = torch.empty(self.num_usable, dtype=torch.int32, device=self.device)
+        self.num_free = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Put every usable block back on the stack, ID 0 on top.
+
+        Complexity: O(total_count).
+        """
+        self._stack[:] = np.arange(self.num_usable - 1, -1, -1, dtype=np.int32)
+        self.num_free = self.num_usable
+        self._mirror_range(0, self.num_usable)
+
+    def acquire(self, num_blocks: int) -> np.ndarray:
+        """Pop ``num_blocks`` IDs and return them as a fresh int32 array.
+
+        Raises:
+            CapacityError: fewer than ``num_blocks`` blocks are free.
+
+        Complexity: O(num_blocks), no Python loop.
+        """
+        if num_blocks > self.num_free:
+            raise CapacityError(f"asked for {num_blocks} blocks, {self.num_free} free")
+        top = self.num_free
+        self.num_free = top - num_blocks
+        return self._stack[top - num_blocks : top][::-1].copy()
+
+    def release(self, block_ids: np.ndarray) -> None:
+        """Push ``block_ids`` (unchecked: the caller guarantees they are held).
+
+        Complexity: O(len(block_ids)), no Python loop.
+        """
+        count = len(block_ids)
+        top = self.num_free
+        self._stack[top : top + count] = block_ids
+        self.num_free = top + count
+        self._mirror_range(top, top + count)
+
+    def free_ids(self) -> np.ndarray:
+        """A copy of the free IDs, bottom of the stack first. Complexity: O(num_free)."""
+        return self._stack[: self.num_free].copy()
+
+    @property
+    def device_free_ids(self) -> torch.Tensor | None:
+        """The device mirror of the whole stack (first ``num_free`` entries valid), or None."""
+        return self._mirror
+
+    def _mirror_range(self, start: int, stop: int) -> None:
+        if self._mirror is not None and stop > start:
+            self._mirror[start:stop].copy_(self._stack_tensor[start:stop], non_blocking=True)

@@ -1,0 +1,162 @@
+"""HashRegistry: which block holds which chained hash, and the tree they form."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from prefixcache.types import NO_HASH
+
+ROOT = -1
+"""Parent value of a block whose hash starts a chain."""
+
+
+class HashRegistry:
+    """Hash <-> block maps with parent/child links between registered blocks.
+
+    A block's hash covers its whole prefix, so the registered blocks form a
+    forest: a block's parent is the block holding the previous hash of its
+    chain. The registry keeps that forest ancestor-closed (a block is
+    registered only under a registered parent) and answers longest-prefix
+    queries by walking a query's hashes through one dict. It knows nothing of
+    reference counts: the allocator decides when a block may be registered or
+    dropped.
+
+    Fields (all indexed by block ID, owned and changed only by this class):
+
+    - ``is_registered``: numpy bool, for vectorised checks by the allocator.
+    - ``num_children``: numpy int32, number of registered children.
+    - ``parent_of`` / ``depth_of``: numpy int32, parent block (``ROOT`` for a
+      chain's first block) and 0-based position in the chain.
+
+    Methods: :meth:`match`, :meth:`block_of`, :meth:`hash_of`,
+    :meth:`register`, :meth:`deregister_leaf`, :meth:`children_of`,
+    :meth:`clear`. Not thread-safe.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        self._block_of_hash: dict[int, int] = {}
+        self._hash_of_block: list[int] = [NO_HASH] * num_blocks
+        self._children: dict[int, set[int]] = {}
+        self.is_registered = np.zeros(num_blocks, dtype=bool)
+        self.num_children = np.zeros(num_blocks, dtype=np.int32)
+        self.parent_of = np.full(num_blocks, ROOT, dtype=np.int32)
+        self.depth_of = np.zeros(num_blocks, dtype=np.int32)
+
+    def __len__(self) -> int:
+        return len(self._block_of_hash)
+
+    def block_of(self, block_hash: int) -> int | None:
+        """The block holding ``block_hash``, or None. Complexity: O(1)."""
+        return self._block_of_hash.get(block_hash)
+
+    def hash_of(self, block_id: int) -> int:
+        """The hash ``block_id`` carries, or ``NO_HASH``. Complexity: O(1)."""
+        return self._hash_of_block[block_id]
+
+    def match(self, block_hashes: Iterable[int]) -> list[int]:
+        """Blocks holding the longest registered prefix of ``block_hashes``.
+
+        Complexity: O(matched blocks + 1) dict lookups.
+        """
+        lookup = self._block_of_hash.get
+        matched: list[int] = []
+        for block_hash in block_hashes:
+            block_id = lookup(block_hash)
+            if block_id is None:
+                break
+            matched.append(block_id)
+        return matched
+
+    def children_of(self, block_id: int) -> Sequence[int]:
+        """Registered children of ``block_id`` (a copy). Complexity: O(children)."""
+        return tuple(self._children.get(block_id, ()))
+
+    def register(self, block_id: int, block_hash: int, parent_id: int) -> None:
+        """Record that ``block_id`` holds ``block_hash`` under ``parent_id``.
+
+        Preconditions (checked by the allocator): the block is unregistered,
+        the hash is free, and the parent is registered or ``ROOT``.
+
+        Complexity: O(1).
+        """
+        self._block_of_hash[block_hash] = block_id
+        self._hash_of_block[block_id] = block_hash
+        self.is_registered[block_id] = True
+        self.parent_of[block_id] = parent_id
+        if parent_id == ROOT:
+            self.depth_of[block_id] = 0
+        else:
+            self.depth_of[block_id] = self.depth_of[parent_id] + 1
+            self.num_children[parent_id] += 1
+            self._children.setdefault(parent_id, set()).add(block_id)
+
+    def deregister_leaf(self, block_id: int) -> int:
+        """Forget the hash of ``block_id``, which must have no registered child.
+
+        Returns:
+            The former parent (``ROOT`` for a chain's first block).
+
+        Complexity: O(1).
+        """
+        del self._block_of_hash[self._hash_of_block[block_id]]
+        self._hash_of_block[block_id] = NO_HASH
+        self.is_registered[block_id] = False
+        parent_id = int(self.parent_of[block_id])
+        self.parent_of[block_id] = ROOT
+        if parent_id != ROOT:
+            self.num_children[parent_id] -= 1
+            siblings = self._children[parent_id]
+            siblings.discard(block_id)
+            if not siblings:
+                del self._children[parent_id]
+        return parent_id
+
+    def clear(self) -> None:
+        """Forget everything. Complexity: O(num_blocks)."""
+        self._block_of_hash.clear()
+        self._hash_of_block[:] = [NO_HASH] * len(self._hash_of_block)
+        self._children.clear()
+        self.is_registered[:] = False
+        self.num_children[:] = 0
+        self.parent_of[:] = ROOT
+        self.depth_of[:] = 0
+
+    def items(self) -> list[tuple[int, int]]:
+        """Every ``(hash, block)`` pair (for checks and snapshots). Complexity: O(n)."""
+        return list(self._block_of_hash.items())
+
+    def check(self) -> list[str]:
+        """Describe every broken internal invariant (empty when consistent). O(num_blocks)."""
+        problems: list[str] = []
+        for block_hash, block_id in self._block_of_hash.items():
+            if self._hash_of_block[block_id] != block_hash:
+                problems.append(
+                    f"hash {block_hash} maps to block {block_id}, which carries another"
+                )
+        registered = np.flatnonzero(self.is_registered)
+        if len(registered) != len(self._block_of_hash):
+            problems.append(
+                f"{len(registered)} blocks flagged registered, {len(self._block_of_hash)} hashes"
+            )
+        counted = np.zeros_like(self.num_children)
+        for block_id in registered.tolist():
+            if self._hash_of_block[block_id] == NO_HASH:
+                problems.append(f"block {block_id} flagged registered without a hash")
+            parent_id = int(self.parent_of[block_id])
+            if parent_id == ROOT:
+                continue
+            if not self.is_registered[parent_id]:
+                problems.append(
+                    f"block {block_id} is registered under unregistered parent {parent_id}"
+                )
+            if block_id not in self._children.get(parent_id, ()):
+                problems.append(f"block {block_id} missing from its parent {parent_id}'s children")
+            counted[parent_id] += 1
+        if not np.array_equal(counted, self.num_children):
+            bad = int(np.flatnonzero(counted != self.num_children)[0])
+            problems.append(
+                f"block {bad} counts {self.num_children[bad]} children, {counted[bad]} registered"
+            )
+        return problems

@@ -1,0 +1,34 @@
+"""AllocatorStats: a frozen snapshot of the allocator's counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AllocatorStats:
+    """Counts per block state now, and events since construction or reset.
+
+    ``num_free + num_active + num_paused + num_cached == num_usable`` always.
+    Hit counts are in blocks: ``num_hit_blocks / num_queried_blocks`` is the
+    block hit rate of :meth:`KVBlockAllocator.match_prefix` queries.
+    """
+
+    total_count: int
+    num_usable: int
+    num_free: int
+    num_active: int
+    num_paused: int
+    num_cached: int
+    num_registered: int
+    num_allocated_blocks: int
+    num_released_references: int
+    num_queried_blocks: int
+    num_hit_blocks: int
+    num_evicted_blocks: int
+    clock: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Matched blocks over queried blocks (0.0 before any query)."""
+        return self.num_hit_blocks / self.num_queried_blocks if self.num_queried_blocks else 0.0
