@@ -567,17 +567,26 @@ class KVBlockAllocator:
         new_paused = int(np.count_nonzero((after_active == 0) & (after_paused > 0)))
         total_active = self._num_active + new_active - num_active
         total_paused = self._num_paused + new_paused - num_paused
-        if to_paused and total_paused > self.paused_count:
+        # A move that adds no block to the target partition never overflows it.
+        if to_paused and new_paused > num_paused and total_paused > self.paused_count:
             raise BudgetExceededError(
                 f"pausing would hold {total_paused} paused blocks; budget is {self.paused_count}"
             )
-        if not to_paused and total_active > self.active_count:
+        if not to_paused and new_active > num_active and total_active > self.active_count:
             raise BudgetExceededError(
                 f"resuming would hold {total_active} active blocks; budget is {self.active_count}"
             )
         source[unique] -= counts
         target[unique] += counts
         self._num_active, self._num_paused = total_active, total_paused
+
+    def reference_counts(self, block_ids: BlockIdsLike) -> tuple[torch.Tensor, torch.Tensor]:
+        """Active and paused reference counts of ``block_ids`` (fresh int32 tensors).
+
+        For debugging and tests; schedulers should not need it. Complexity: O(k).
+        """
+        ids = to_block_ids(block_ids, self.num_usable)
+        return torch.from_numpy(self._active_refs[ids]), torch.from_numpy(self._paused_refs[ids])
 
     def get_total_used(self) -> int:
         """Blocks not on the free stack (active + paused + cached). O(1)."""
