@@ -144,8 +144,19 @@ class KVBlockAllocator:
 
         Counts free blocks plus cached ones (every cached block is evictable).
         Complexity: O(1).
+
+        Raises:
+            InvalidArgumentError: ``num_blocks`` is not a non-negative int.
         """
-        return num_blocks <= self.pool.num_free + self._num_cached
+        return self._check_count(num_blocks) <= self.pool.num_free + self._num_cached
+
+    @staticmethod
+    def _check_count(num_blocks: object) -> int:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
+            raise InvalidArgumentError(f"num_blocks must be an int, got {num_blocks!r}")
+        if num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks}")
+        return int(num_blocks)
 
     def allocate_memory_blocks(self, num_blocks: int) -> torch.Tensor | None:
         """Hand out ``num_blocks`` fresh blocks, each with one active reference.
@@ -165,11 +176,7 @@ class KVBlockAllocator:
 
         Complexity: O(num_blocks) vectorised, plus O(log n) per evicted block.
         """
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
-            raise InvalidArgumentError(f"num_blocks must be an int, got {num_blocks!r}")
-        num_blocks = int(num_blocks)
-        if num_blocks < 0:
-            raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks}")
+        num_blocks = self._check_count(num_blocks)
         if not self.is_memory_available(num_blocks):
             return None
         shortfall = num_blocks - self.pool.num_free
@@ -252,7 +259,7 @@ class KVBlockAllocator:
                 f"{int(available[short][0])} active reference(s) remain after queued releases"
             )
         self._pending_releases[unique] += counts
-        self._pending_chunks.append(unique)
+        self._pending_chunks.append(unique.copy())  # the caller may reuse its tensor
 
     def _flush_releases(self) -> None:
         if not self._pending_chunks:
@@ -297,7 +304,10 @@ class KVBlockAllocator:
     def _on_unreferenced(self, block_ids: np.ndarray) -> None:
         """Blocks that just lost their last reference become cached or free."""
         hashed = self.registry.is_registered[block_ids]
-        self.pool.release(block_ids[~hashed])
+        unhashed = block_ids[~hashed]
+        if self.routing is not None:
+            self.routing.clear(unhashed)
+        self.pool.release(unhashed)
         cached = block_ids[hashed]
         if not len(cached):
             return
@@ -375,7 +385,7 @@ class KVBlockAllocator:
         self._num_queried += len(hashes)
         self._num_hits += len(matched)
         if acquire and len(matched):
-            self._take_references(matched, np.ones(len(matched), dtype=np.int32))
+            self._take_references(*_count_occurrences(matched))
         return to_tensor(matched)
 
     def acquire_blocks(self, block_ids: BlockIdsLike) -> None:
@@ -559,7 +569,9 @@ class KVBlockAllocator:
             if to_paused
             else (self._paused_refs, self._active_refs)
         )
-        self._check_reference_counts(unique, counts, source, "active" if to_paused else "paused")
+        # Inside a free group, queued releases are no longer the caller's to pause.
+        held = source - self._pending_releases if to_paused else source
+        self._check_reference_counts(unique, counts, held, "active" if to_paused else "paused")
         num_active, num_paused = self._tally_states(unique)
         after_active = self._active_refs[unique] + (-counts if to_paused else counts)
         after_paused = self._paused_refs[unique] + (counts if to_paused else -counts)
@@ -667,9 +679,7 @@ class KVBlockAllocator:
 
         Complexity: O(log n) per evicted block.
         """
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
-            raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
-        num_blocks = min(num_blocks, self._num_cached)
+        num_blocks = min(self._check_count(num_blocks), self._num_cached)
         before = self.pool.num_free
         if num_blocks:
             self._evict(num_blocks)
@@ -684,32 +694,35 @@ class KVBlockAllocator:
             True if that many blocks were evicted; False (nothing changes) if
             fewer are cached.
         """
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
-            raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
-        if num_blocks > self._num_cached:
+        if self._check_count(num_blocks) > self._num_cached:
             return False
         if num_blocks:
             self._evict(num_blocks)
         return True
 
     def _evict(self, num_blocks: int) -> None:
-        """Free at least ``num_blocks`` cached blocks (caller checked there are enough)."""
+        """Free exactly ``num_blocks`` cached blocks (the caller checked there are enough).
+
+        Victims are asked for one at a time: evicting a leaf may expose its
+        parent as a new leaf, which must compete with the other leaves for
+        the next slot, so the order never depends on how many are evicted.
+        """
         freed: list[int] = []
         while len(freed) < num_blocks:
-            victims = self.policy.evict(num_blocks - len(freed))
-            if not victims:
-                freed.extend(self._drop_subtree(self._oldest_pinned_cached_block()))
-                continue
-            self._check_victims(victims)
-            for block_id in victims:
-                self._evict_leaf(block_id)
-            freed.extend(victims)
+            victims = self.policy.evict(1)
+            if victims:
+                self._check_victims(victims)
+                self._evict_leaf(victims[0])
+                freed.append(victims[0])
+            else:
+                freed.extend(self._drop_subtree(self._deepest_pinned_cached_block()))
         self._free_dropped(freed)
 
     def _check_victims(self, victims: list[int]) -> None:
         ids = np.asarray(victims, dtype=np.int64)
         ok = (
-            (ids >= 0).all()
+            len(ids) == 1
+            and (ids >= 0).all()
             and (ids < self.num_usable).all()
             and self.registry.is_registered[ids].all()
             and (self.registry.num_children[ids] == 0).all()
@@ -731,12 +744,15 @@ class KVBlockAllocator:
         ):
             self._insert_leaf(parent_id)
 
-    def _oldest_pinned_cached_block(self) -> int:
-        """The least recently used cached block that has children (the policy has no leaves).
+    def _deepest_pinned_cached_block(self) -> int:
+        """A cached block with children, when the policy has no leaves left.
 
         Such a block is pinned below by a referenced descendant: it happens
         only when a request released a prefix while still holding later
         blocks, or holds a block registered under another request's prefix.
+        The deepest one has no cached descendant (it would be deeper, or a
+        leaf), so dropping its subtree frees exactly one block; among equals
+        the least recently used goes.
         Complexity: O(total_count); reached only in that rare case.
         """
         candidates = np.flatnonzero(
@@ -745,7 +761,9 @@ class KVBlockAllocator:
             & (self._paused_refs == 0)
             & (self.registry.num_children > 0)
         )
-        return int(candidates[np.argmin(self._last_access[candidates])])
+        depths = self.registry.depth_of[candidates]
+        deepest = candidates[depths == depths.max()]
+        return int(deepest[np.argmin(self._last_access[deepest])])
 
     def _drop_subtree(self, root_id: int) -> list[int]:
         """Deregister ``root_id`` and every registered descendant; return the cached ones.
@@ -827,6 +845,7 @@ class KVBlockAllocator:
         """
         store = self._routing_store()
         routing = self._routing_array(flat_routing)
+        store.validate_routing(routing)
         blocks = to_int_array(token_block_ids, "token_block_ids")
         positions = to_int_array(token_positions, "token_positions")
         if not (len(blocks) == len(positions) == routing.shape[0]):
@@ -834,7 +853,6 @@ class KVBlockAllocator:
                 f"lengths differ: {routing.shape[0]} routing rows, {len(blocks)} block IDs, "
                 f"{len(positions)} positions"
             )
-        store.validate_routing(routing)
         keep = blocks != self.dummy_block_id
         blocks = to_block_ids(blocks[keep], self.num_usable, "token_block_ids")
         positions = positions[keep]

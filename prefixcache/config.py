@@ -32,7 +32,8 @@ class AllocatorConfig:
         enable_prefix_caching: when False, hashes are ignored: nothing is
             registered and nothing matches.
         eviction_policy: ``"lru"``, ``"ref_zero"``, any registered name,
-            ``{"name": "lru", ...kwargs}``, or a policy object.
+            ``{"name": "lru", ...kwargs}``, or a policy object (used as is:
+            give each allocator its own, a policy holds per-allocator state).
         device: where device mirrors live; ``None`` = CUDA when available.
         hash_algo: ``"xxh3_64"`` (default), ``"xxh3_128"`` or ``"sha256"``.
         hash_salt: deployment-wide salt (model or weight version) mixed into
@@ -111,8 +112,16 @@ def build_policy(spec: PolicySpec) -> EvictionPolicy:
     else:
         raise ConfigError(f"eviction_policy must be a name, a mapping or a policy, got {spec!r}")
     try:
-        return policies.get(name, **kwargs)
+        policy = policies.get(name, **kwargs)
     except UnknownPolicyError as exc:
         raise ConfigError(str(exc)) from exc
     except TypeError as exc:
         raise ConfigError(f"bad arguments for eviction policy {name!r}: {exc}") from exc
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"eviction policy {name!r} could not be loaded: {exc}") from exc
+    if not isinstance(policy, EvictionPolicy):
+        raise ConfigError(
+            f"eviction policy {name!r} built a {type(policy).__name__}, "
+            "which does not implement policies.EvictionPolicy"
+        )
+    return policy

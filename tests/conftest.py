@@ -1,0 +1,185 @@
+"""Shared fixtures of the unit tests: small allocators and a digest of their whole state.
+
+``state_digest`` is what "a call that raises changes nothing" (DESIGN.md
+invariant 6) is checked against. With ``--import-mode=importlib`` a test
+module cannot import this file, so the helpers reach tests as fixtures:
+``digest`` returns :func:`state_digest` and ``refuses`` returns
+:func:`assert_refused`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from policies import LRUPolicy
+from prefixcache import KVBlockAllocator, PrefixCacheError
+
+TOTAL_COUNT = 16
+PAUSED_COUNT = 4
+BLOCK_SIZE = 4
+NUM_LAYERS = 2
+TOP_K = 2
+NUM_EXPERTS = 8
+
+HASHES_A = (101, 102, 103)
+"""Hashes of the populated allocator's active chain."""
+HASHES_C = (201, 202)
+"""Hashes of the populated allocator's released chain (cached under LRU, freed under ref-zero)."""
+
+
+def state_digest(allocator: KVBlockAllocator) -> tuple[Any, ...]:
+    """Everything observable of ``allocator``, for "nothing changed after an error" checks.
+
+    Covers the counters (``stats()``, ``str()``, the clock), the free stack in
+    order, per-block reference counts, access clocks and queued releases, the
+    registry's hash map, parent links, child counts and depths, the policy's
+    tracked set and (for LRU) its eviction order, and the routing store's
+    written flags and values. Reads private state on purpose: a digest that
+    only saw public counters could miss a half-applied call.
+
+    Args:
+        allocator: the allocator to describe.
+
+    Returns:
+        A tuple of plain values; equal tuples mean indistinguishable allocators.
+    """
+    policy = allocator.policy
+    registry = allocator.registry
+    routing = allocator.routing
+    return (
+        allocator.stats(),
+        str(allocator),
+        allocator.clock,
+        allocator.pool.free_ids().tolist(),
+        allocator._active_refs.tolist(),
+        allocator._paused_refs.tolist(),
+        allocator._last_access.tolist(),
+        allocator._num_accesses.tolist(),
+        allocator._pending_releases.tolist(),
+        sorted(registry.items()),
+        [registry.hash_of(block_id) for block_id in range(allocator.total_count)],
+        registry.parent_of.tolist(),
+        registry.num_children.tolist(),
+        registry.depth_of.tolist(),
+        len(policy),
+        [block_id for block_id in range(allocator.total_count) if block_id in policy],
+        list(policy._order) if isinstance(policy, LRUPolicy) else None,
+        None if routing is None else routing._written.tolist(),
+        None if routing is None else routing._data.tobytes(),
+    )
+
+
+def assert_refused(
+    allocator: KVBlockAllocator,
+    error: type[PrefixCacheError],
+    call: Callable[..., object],
+    *args: Any,
+    **kwargs: Any,
+) -> PrefixCacheError:
+    """Assert that ``call(*args, **kwargs)`` raises ``error`` and leaves ``allocator`` as it was.
+
+    Returns:
+        The raised exception, for checks on its message.
+    """
+    before = state_digest(allocator)
+    with pytest.raises(error) as info:
+        call(*args, **kwargs)
+    assert type(info.value).__module__ == "prefixcache.errors"
+    assert isinstance(info.value, PrefixCacheError)
+    assert state_digest(allocator) == before
+    allocator.check_invariants()
+    return info.value
+
+
+def make_allocator(policy: str = "lru", **kwargs: Any) -> KVBlockAllocator:
+    """A small CPU allocator; ``kwargs`` override the defaults."""
+    options: dict[str, Any] = {
+        "total_count": TOTAL_COUNT,
+        "block_size_tokens": BLOCK_SIZE,
+        "eviction_policy": policy,
+        "device": "cpu",
+    }
+    options.update(kwargs)
+    return KVBlockAllocator(**options)
+
+
+def populate(allocator: KVBlockAllocator) -> SimpleNamespace:
+    """Put ``allocator`` in a state with blocks in every partition.
+
+    - ``chain_a``: 3 active blocks registered under ``HASHES_A``; the first
+      holds two references; with routing configured, all carry routing.
+    - ``chain_c``: 2 blocks registered under ``HASHES_C`` and released
+      (cached under LRU, free under ref-zero).
+    - ``unhashed``: 1 active block without a hash.
+    - ``paused``: 1 block held only by a paused request (needs ``paused_count >= 1``).
+    - ``free``: an ID on the free stack.
+    """
+    chain_a = allocator.allocate_memory_blocks(3)
+    allocator.register_kv_block_hashes(chain_a, list(HASHES_A))
+    if allocator.routing is not None:
+        routing = allocator.routing
+        for index, block_id in enumerate(chain_a.tolist()):
+            values = (index + block_id) % NUM_EXPERTS
+            shape = (routing.block_size, routing.num_layers, routing.top_k)
+            allocator.store_block_routing(block_id, torch.full(shape, values, dtype=torch.int64))
+    chain_c = allocator.allocate_memory_blocks(2)
+    allocator.register_kv_block_hashes(chain_c, list(HASHES_C))
+    allocator.release_memory_blocks(chain_c)
+    unhashed = allocator.allocate_memory_blocks(1)
+    paused = allocator.allocate_memory_blocks(1)
+    allocator.pause(paused)
+    allocator.acquire_blocks(chain_a[:1])
+    allocator.advance_clock(3)
+    allocator.check_invariants()
+    return SimpleNamespace(
+        allocator=allocator,
+        chain_a=chain_a,
+        chain_c=chain_c,
+        unhashed=unhashed,
+        paused=paused,
+        free=int(allocator.pool.free_ids()[0]),
+    )
+
+
+@pytest.fixture
+def digest() -> Callable[[KVBlockAllocator], tuple[Any, ...]]:
+    """The :func:`state_digest` function."""
+    return state_digest
+
+
+@pytest.fixture
+def refuses() -> Callable[..., PrefixCacheError]:
+    """The :func:`assert_refused` function."""
+    return assert_refused
+
+
+@pytest.fixture
+def allocator() -> KVBlockAllocator:
+    """A fresh LRU allocator: 16 blocks (15 usable), 4 tokens a block, no paused budget."""
+    return make_allocator()
+
+
+@pytest.fixture
+def make() -> Callable[..., KVBlockAllocator]:
+    """The :func:`make_allocator` factory, for tests that need other settings."""
+    return make_allocator
+
+
+@pytest.fixture(params=["lru", "ref_zero"])
+def populated(request: pytest.FixtureRequest) -> SimpleNamespace:
+    """An allocator with routing and blocks in every state (see :func:`populate`), per policy."""
+    allocator = make_allocator(
+        request.param,
+        paused_count=PAUSED_COUNT,
+        routing_num_layers=NUM_LAYERS,
+        routing_top_k=TOP_K,
+        routing_num_experts=NUM_EXPERTS,
+    )
+    scene = populate(allocator)
+    scene.policy = request.param
+    return scene
