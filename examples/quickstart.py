@@ -9,14 +9,14 @@ allocator = KVBlockAllocator(total_count=9, block_size_tokens=4, device="cpu")
 system_prompt = list(range(100, 112))  # 3 full blocks of 4 tokens
 
 # Request A computes the system prompt plus its own question and registers the full blocks.
-tokens_a = system_prompt + [1, 2, 3, 4]
+tokens_a = [*system_prompt, 1, 2, 3, 4]
 hashes_a = allocator.hash_tokens(tokens_a)
 blocks_a = allocator.allocate_memory_blocks(len(hashes_a))
 allocator.register_kv_block_hashes(blocks_a, hashes_a)
 print("A holds", blocks_a.tolist(), "|", allocator)
 
 # Request B shares the system prompt: its first three blocks are a prefix hit.
-tokens_b = system_prompt + [5, 6, 7, 8]
+tokens_b = [*system_prompt, 5, 6, 7, 8]
 hashes_b = allocator.hash_tokens(tokens_b)
 hit = allocator.match_prefix(hashes_b, acquire=True)  # takes references atomically
 fresh = allocator.allocate_memory_blocks(len(hashes_b) - len(hit))

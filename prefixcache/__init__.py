@@ -13,6 +13,7 @@ True
 
 from prefixcache.allocator import KVBlockAllocator
 from prefixcache.block_ids import BlockIdsLike
+from prefixcache.block_table import BlockTable
 from prefixcache.config import AllocatorConfig, build_policy
 from prefixcache.errors import (
     BlockStateError,
@@ -28,6 +29,7 @@ from prefixcache.errors import (
     ReferenceCountError,
 )
 from prefixcache.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
+from prefixcache.kv_cache import KVCache, blocks_for_memory_budget
 from prefixcache.pool import BlockPool
 from prefixcache.registry import HashRegistry
 from prefixcache.routing import RoutingStore
@@ -45,6 +47,7 @@ __all__ = [
     "BlockIdsLike",
     "BlockPool",
     "BlockStateError",
+    "BlockTable",
     "BudgetExceededError",
     "CapacityError",
     "ConfigError",
@@ -55,9 +58,11 @@ __all__ = [
     "InvalidTensorError",
     "InvariantError",
     "KVBlockAllocator",
+    "KVCache",
     "PrefixCacheError",
     "ReferenceCountError",
     "RoutingStore",
+    "blocks_for_memory_budget",
     "build_policy",
     "compute_block_hashes",
     "root_hash",

@@ -136,6 +136,7 @@ class KVBlockAllocator:
         self._num_queried = 0
         self._num_hits = 0
         self._num_evicted = 0
+        self._num_dropped = 0
 
     # ------------------------------------------------------------------ allocation
 
@@ -322,6 +323,7 @@ class KVBlockAllocator:
             if self.registry.is_registered[block_id]:
                 freed.extend(self._drop_subtree(block_id))
         self._free_dropped(freed)
+        self._num_dropped += len(freed)
 
     def _insert_leaf(self, block_id: int) -> None:
         self.policy.insert(
@@ -387,6 +389,17 @@ class KVBlockAllocator:
         if acquire and len(matched):
             self._take_references(*_count_occurrences(matched))
         return to_tensor(matched)
+
+    def is_hash_registered(self, block_hash: int) -> bool:
+        """Whether some block holds ``block_hash`` now (a chain can continue from it).
+
+        A registered hash can disappear while its request still runs: evicting
+        a pinned cached ancestor, or a ref-zero release of a shared prefix,
+        drops the hashes below it. A caller that continues a chain with
+        ``parent_hash`` asks here first and re-registers from the root if not.
+        Complexity: O(1).
+        """
+        return self.registry.block_of(block_hash) is not None
 
     def acquire_blocks(self, block_ids: BlockIdsLike) -> None:
         """Take one active reference per occurrence on cached or referenced blocks.
@@ -717,16 +730,17 @@ class KVBlockAllocator:
             else:
                 freed.extend(self._drop_subtree(self._deepest_pinned_cached_block()))
         self._free_dropped(freed)
+        self._num_evicted += len(freed)
 
     def _check_victims(self, victims: list[int]) -> None:
-        ids = np.asarray(victims, dtype=np.int64)
+        block_id = victims[0]
         ok = (
-            len(ids) == 1
-            and (ids >= 0).all()
-            and (ids < self.num_usable).all()
-            and self.registry.is_registered[ids].all()
-            and (self.registry.num_children[ids] == 0).all()
-            and (self._active_refs[ids] + self._paused_refs[ids] == 0).all()
+            len(victims) == 1
+            and 0 <= block_id < self.num_usable
+            and self.registry.is_registered[block_id]
+            and self.registry.num_children[block_id] == 0
+            and self._active_refs[block_id] == 0
+            and self._paused_refs[block_id] == 0
         )
         if not ok:
             raise InvariantError(
@@ -805,7 +819,6 @@ class KVBlockAllocator:
         if self.routing is not None:
             self.routing.clear(ids)
         self.pool.release(ids)
-        self._num_evicted += len(ids)
 
     # ------------------------------------------------------------------ MoE routing
 
@@ -965,6 +978,7 @@ class KVBlockAllocator:
             num_queried_blocks=self._num_queried,
             num_hit_blocks=self._num_hits,
             num_evicted_blocks=self._num_evicted,
+            num_dropped_blocks=self._num_dropped,
             clock=self._clock,
         )
 

@@ -12,6 +12,9 @@ class AllocatorStats:
     ``num_free + num_active + num_paused + num_cached == num_usable`` always.
     Hit counts are in blocks: ``num_hit_blocks / num_queried_blocks`` is the
     block hit rate of :meth:`KVBlockAllocator.match_prefix` queries.
+    ``num_evicted_blocks`` counts cached blocks freed for room (or by an
+    explicit evict call); ``num_dropped_blocks`` counts hashed blocks freed
+    at their last release because the policy retains nothing (ref-zero).
     """
 
     total_count: int
@@ -26,6 +29,7 @@ class AllocatorStats:
     num_queried_blocks: int
     num_hit_blocks: int
     num_evicted_blocks: int
+    num_dropped_blocks: int
     clock: int
 
     @property
