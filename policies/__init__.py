@@ -1,6 +1,8 @@
 """Eviction policies for prefixcache, looked up by name.
 
-Built-in names: ``"lru"`` and ``"ref_zero"``. A third-party package adds its
+Built-in names: ``"lru"``, ``"ref_zero"`` and ``"belady"`` (the offline
+optimum, for trace replay only: it needs to know the future). A third-party
+package adds its
 own either at run time with :func:`register` or, without any import, through
 the ``prefixcache.policies`` entry-point group::
 
@@ -19,11 +21,13 @@ from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 from policies.base import EvictionPolicy, UnknownPolicyError
+from policies.belady import BeladyPolicy
 from policies.lru import LRUPolicy
 from policies.ref_zero import RefZeroPolicy
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "BeladyPolicy",
     "EvictionPolicy",
     "LRUPolicy",
     "RefZeroPolicy",
@@ -36,7 +40,7 @@ __all__ = [
 ENTRY_POINT_GROUP = "prefixcache.policies"
 
 _T = TypeVar("_T", bound=type)
-_registry: dict[str, type] = {"lru": LRUPolicy, "ref_zero": RefZeroPolicy}
+_registry: dict[str, type] = {"belady": BeladyPolicy, "lru": LRUPolicy, "ref_zero": RefZeroPolicy}
 
 
 def register(name: str) -> Callable[[_T], _T]:

@@ -38,6 +38,10 @@ class LRUPolicy:
         self._order.add(key)
 
     def evict(self, num_blocks: int) -> list[int]:
+        if num_blocks == 1 and self._order:  # the allocator's common call
+            _, block_id = self._order.pop(0)
+            del self._key_of[block_id]
+            return [block_id]
         victims = self._order[:num_blocks]
         del self._order[:num_blocks]
         key_of = self._key_of

@@ -1,0 +1,257 @@
+"""The ``prefixcache`` command: replay a request trace and compare eviction policies.
+
+``prefixcache replay`` runs one policy at one capacity; ``prefixcache compare``
+runs several policies over several capacities, always with the offline
+optimum (``belady``) as the reference, prints a markdown table and, when
+matplotlib is installed (the ``plot`` extra), writes a PNG of hit rate
+against capacity. Without ``--trace`` both use the sample trace shipped in
+the package, so ``prefixcache compare`` alone is a complete demo::
+
+    $ prefixcache compare
+    $ prefixcache replay --trace trace.jsonl --policy lru --capacity 5000
+
+Both replay the no-concurrency model of :mod:`prefixcache.replay`;
+``compare --concurrency`` replays through the dynamic-batching loop of
+``prefixcache.sim`` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import policies
+from prefixcache.errors import InvalidArgumentError, PrefixCacheError
+from prefixcache.replay import (
+    OPTIMUM_POLICY,
+    ConcurrentReplayResult,
+    ReplayResult,
+    replay,
+    replay_concurrent,
+)
+from prefixcache.trace import TraceRequest, load_mooncake_trace, sample_trace_path
+
+__all__ = ["main"]
+
+DEFAULT_CAPACITIES = (1000, 5000, 20000)
+DEFAULT_PLOT = "prefixcache_compare.png"
+
+Results = Mapping[tuple[str, int], ReplayResult | ConcurrentReplayResult]
+"""Replay results by (policy, capacity)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``prefixcache`` command line.
+
+    Args:
+        argv: arguments without the program name (None: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 1 when the trace or a run fails,
+        2 on bad usage (argparse exits with 2 by itself).
+
+    Complexity: that of the replays it runs.
+    """
+    args = _parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except PrefixCacheError as exc:
+        print(f"prefixcache: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefixcache",
+        description="Replay a Mooncake-format request trace through the prefix cache.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    one = commands.add_parser("replay", help="replay a trace with one policy and capacity")
+    _add_trace_arguments(one)
+    one.add_argument("--policy", default="lru", type=_policy_name, help="default: lru")
+    one.add_argument("--capacity", default=5000, type=_count, help="cached blocks (default: 5000)")
+    one.set_defaults(handler=_run_replay)
+
+    many = commands.add_parser(
+        "compare", help="compare policies over capacities, with the offline optimum"
+    )
+    _add_trace_arguments(many)
+    many.add_argument(
+        "--policies",
+        type=_policy_list,
+        default=None,
+        help="comma-separated names (default: every registered policy)",
+    )
+    many.add_argument(
+        "--capacities",
+        type=_count_list,
+        default=DEFAULT_CAPACITIES,
+        help="comma-separated capacities in blocks (default: 1000,5000,20000)",
+    )
+    plot = many.add_mutually_exclusive_group()
+    plot.add_argument(
+        "--plot", type=Path, default=None, help=f"PNG to write (default: {DEFAULT_PLOT})"
+    )
+    plot.add_argument("--no-plot", action="store_true", help="do not write a plot")
+    many.add_argument(
+        "--concurrency",
+        action="store_true",
+        help="replay through the dynamic-batching loop of prefixcache.sim",
+    )
+    many.set_defaults(handler=_run_compare)
+    return parser
+
+
+def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trace", type=Path, default=None, help="JSONL trace (default: the shipped sample)"
+    )
+    parser.add_argument("--limit", type=_count, default=None, help="replay the first N requests")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return value
+
+
+def _count_list(text: str) -> tuple[int, ...]:
+    return tuple(dict.fromkeys(_count(part) for part in text.split(",")))
+
+
+def _policy_name(text: str) -> str:
+    known = policies.available()
+    if text not in known:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {text!r}; known policies: {', '.join(known)}"
+        )
+    return text
+
+
+def _policy_list(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(_policy_name(part.strip()) for part in text.split(",")))
+
+
+def _load(args: argparse.Namespace) -> tuple[Path, list[TraceRequest]]:
+    path = args.trace if args.trace is not None else sample_trace_path()
+    try:
+        return path, load_mooncake_trace(path, limit=args.limit)
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read trace {path}: {exc.strerror or exc}") from exc
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    path, requests = _load(args)
+    result = replay(requests, args.capacity, args.policy, progress=not args.no_progress)
+    print(f"trace:         {path} ({result.num_requests} requests)")
+    print(f"policy:        {result.policy}, capacity {result.capacity} blocks")
+    print(f"hit rate:      {result.hit_rate:.3f} ({result.hit_blocks}/{result.prompt_blocks})")
+    print(f"tokens saved:  {result.tokens_saved} of {result.prompt_tokens} prompt tokens")
+    print(f"evictions:     {result.evictions}")
+    print(f"speed:         {result.requests_per_second:,.0f} req/s ({result.seconds:.2f} s)")
+    return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    names = args.policies if args.policies is not None else tuple(policies.available())
+    names = (*(name for name in names if name != OPTIMUM_POLICY), OPTIMUM_POLICY)
+    if args.concurrency and not _has_sim():
+        print("prefixcache: error: concurrency mode needs prefixcache.sim", file=sys.stderr)
+        return 1
+    run = replay_concurrent if args.concurrency else replay
+    path, requests = _load(args)
+    results = {
+        (name, capacity): run(requests, capacity, name, progress=not args.no_progress)
+        for capacity in args.capacities
+        for name in names
+    }
+    print(f"{path.name}: {len(requests)} requests, {_MODES[args.concurrency]}\n")
+    print(_table(results, names, args.capacities))
+    if args.no_plot:
+        return 0
+    title = f"{path.name}, {'with' if args.concurrency else 'no'} concurrency"
+    return _write_plot(results, names, args.capacities, args.plot, title)
+
+
+_MODES = {
+    False: "one request at a time; hit rate = prompt blocks hit / prompt blocks",
+    True: (
+        "with concurrency (prefixcache.sim); capacity = pool blocks; "
+        "hit rate = prompt tokens served from cache / prompt tokens"
+    ),
+}
+
+
+def _has_sim() -> bool:
+    """Whether the optional dynamic-batching loop ``prefixcache.sim`` can be imported."""
+    try:
+        importlib.import_module("prefixcache.sim")
+    except ImportError:
+        return False
+    return True
+
+
+def _table(results: Results, names: Sequence[str], capacities: Sequence[int]) -> str:
+    """A markdown table, one row per policy and capacity."""
+    lines = [
+        "| policy | capacity | hit rate | of optimum | tokens saved | evictions | req/s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for capacity in capacities:
+        optimum = results[OPTIMUM_POLICY, capacity].hit_rate
+        for name in names:
+            result = results[name, capacity]
+            share = f"{result.hit_rate / optimum:.2f}" if optimum else "-"
+            lines.append(
+                f"| {name} | {capacity:,} | {result.hit_rate:.3f} | {share} "
+                f"| {result.tokens_saved:,} | {result.evictions:,} "
+                f"| {result.requests_per_second:,.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def _write_plot(
+    results: Results,
+    names: Sequence[str],
+    capacities: Sequence[int],
+    path: Path | None,
+    title: str,
+) -> int:
+    """Plot hit rate against capacity; without matplotlib, say so (an error if asked for)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print("note: no plot written; install matplotlib (pip install 'prefixcache[plot]')")
+        return 0 if path is None else 1
+    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    axes = figure.add_subplot()
+    xs = sorted(capacities)
+    for name in names:
+        ys = [results[name, capacity].hit_rate for capacity in xs]
+        if name == OPTIMUM_POLICY:
+            axes.plot(xs, ys, "o--", color="black", label=f"{name} (offline optimum)")
+        else:
+            axes.plot(xs, ys, "o-", label=name)
+    if min(xs) > 0 and max(xs) > 10 * min(xs):
+        axes.set_xscale("log")
+        axes.minorticks_off()
+    axes.set_xticks(xs, [f"{capacity:,}" for capacity in xs])
+    axes.set_xlabel("capacity (blocks of 512 tokens)")
+    axes.set_ylabel("prefix hit rate")
+    axes.set_ylim(bottom=0)
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    axes.set_title(f"Prefix hit rate by eviction policy ({title})")
+    target = path if path is not None else Path(DEFAULT_PLOT)
+    figure.savefig(target, dpi=120)
+    print(f"plot written to {target}")
+    return 0

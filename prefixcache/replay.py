@@ -1,0 +1,423 @@
+"""Replaying a request trace through a KVBlockAllocator, with or without concurrency.
+
+:func:`replay` is the reference hit-rate model of ``../shared/traces/README.md``, run
+through the real allocator API rather than a toy cache: requests in file
+order, no concurrency, prompt blocks only, ``TRACE_BLOCK_SIZE``-token blocks.
+For each request:
+
+1. ``match_prefix(hashes, acquire=True)``: the hit is the longest cached
+   prefix of its chained hashes (:func:`~prefixcache.trace.trace_block_hashes`);
+2. ``allocate_memory_blocks`` for the rest and ``register_kv_block_hashes``
+   for them, so every block of the request is now inserted or touched;
+3. ``release_memory_blocks`` on all of them: they become cached;
+4. ``evict_cached_blocks`` trims the cache back to ``capacity`` blocks
+   through the eviction policy.
+
+Hit rate = hit blocks / all prompt blocks. The pool holds ``capacity`` plus
+the longest request's blocks, so a request always fits beside a full cache
+and the policy alone decides what goes, in step 4 (the model lets the cache
+exceed capacity until the trim).
+
+The trim is one ``evict_cached_blocks(excess)`` call. It follows the
+policy's order exactly because the allocator asks the policy for one victim
+at a time, so a parent exposed by evicting its child competes for the next
+slot; taking all victims from the current leaves at once would not (Belady at
+1,000 blocks would fall from 0.277 to 0.106 on the shared trace).
+
+For the offline optimum (``policy="belady"``) the replay knows the future: it
+lists for every hash the indices of the requests that use it and gives
+:class:`~policies.BeladyPolicy` a ``next_use(block_id)`` callable over that
+list and the block -> hash map of the blocks it registered.
+
+:func:`replay_concurrent` replays the same trace with real concurrency
+instead, through the dynamic-batching loop of :mod:`prefixcache.sim`:
+requests arrive at their timestamps, hold their blocks while they prefill
+and decode, and the pool of ``capacity`` blocks holds running requests and
+the cache together.
+
+>>> from prefixcache.trace import TraceRequest
+>>> a, b = TraceRequest(0, 1024, 1, (1, 2)), TraceRequest(5, 1536, 1, (1, 2, 3))
+>>> result = replay([a, b, a], capacity=8)
+>>> result.hit_blocks, result.prompt_blocks, result.tokens_saved
+(4, 7, 2048)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from prefixcache.allocator import KVBlockAllocator
+from prefixcache.config import PolicySpec
+from prefixcache.errors import CapacityError, InvalidArgumentError
+from prefixcache.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
+
+if TYPE_CHECKING:
+    from prefixcache.sim import DynamicBatchingSim
+
+__all__ = [
+    "OPTIMUM_POLICY",
+    "ConcurrentReplayResult",
+    "ReplayResult",
+    "replay",
+    "replay_concurrent",
+]
+
+OPTIMUM_POLICY = "belady"
+"""Name of the offline-optimum policy, which only a replay can run."""
+
+# Show a progress bar for runs with at least this many requests.
+_PROGRESS_MIN_REQUESTS = 500
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What one replay measured.
+
+    Attributes:
+        policy: eviction policy name.
+        capacity: cached blocks kept after each request.
+        num_requests: requests replayed.
+        prompt_blocks: prompt blocks of all requests (partial last blocks included).
+        hit_blocks: prompt blocks found cached (longest cached prefix of each request).
+        prompt_tokens: prompt tokens of all requests.
+        tokens_saved: prefill tokens the hits spare: per request
+            ``min(hit blocks * TRACE_BLOCK_SIZE, input_length)``.
+        evictions: blocks evicted from the cache.
+        seconds: wall time of the replay (hashing included, trace loading not).
+    """
+
+    policy: str
+    capacity: int
+    num_requests: int
+    prompt_blocks: int
+    hit_blocks: int
+    prompt_tokens: int
+    tokens_saved: int
+    evictions: int
+    seconds: float
+
+    @property
+    def hit_rate(self) -> float:
+        """Hit blocks / prompt blocks (0.0 for an empty trace)."""
+        return self.hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    @property
+    def requests_per_second(self) -> float:
+        """Replay speed (``inf`` when the run was too short to time)."""
+        return self.num_requests / self.seconds if self.seconds > 0 else float("inf")
+
+
+def replay(
+    requests: Sequence[TraceRequest],
+    capacity: int,
+    policy: str = "lru",
+    *,
+    progress: bool = False,
+) -> ReplayResult:
+    """Replay ``requests`` in order, one at a time, through an allocator with ``policy``.
+
+    Args:
+        requests: the trace, e.g. from :func:`~prefixcache.trace.load_mooncake_trace`.
+        capacity: cached blocks kept after each request (>= 0).
+        policy: a registered policy name; ``"belady"`` is the offline optimum.
+        progress: show a progress bar on long runs (tqdm when installed,
+            else a counter on stderr).
+
+    Returns:
+        A :class:`ReplayResult`.
+
+    Raises:
+        InvalidArgumentError: ``capacity`` is not an int >= 0, or ``policy``
+            is not a name (:class:`~prefixcache.errors.ConfigError`: unknown name).
+
+    Complexity: O(prompt blocks) allocator work, plus O(log n) policy work per
+    inserted, hit or evicted block.
+    """
+    _check_capacity(capacity, minimum=0)
+    _check_policy(policy)
+    start = time.perf_counter()
+    chains = [np.array(trace_block_hashes(r.hash_ids), dtype=np.int64) for r in requests]
+    max_blocks = max((len(chain) for chain in chains), default=0)
+    total_count = capacity + max_blocks + 1  # + 1: the dummy block
+    block_hash = np.zeros(total_count, dtype=np.int64)  # hash each block was registered under
+    oracle: _NextUseOracle | None = None
+    spec: PolicySpec = policy
+    if policy == OPTIMUM_POLICY:
+        oracle = _NextUseOracle((chain.tolist() for chain in chains), lambda b: int(block_hash[b]))
+        spec = {"name": policy, "next_use": oracle}
+    allocator = KVBlockAllocator(
+        total_count=max(total_count, 2),
+        block_size_tokens=TRACE_BLOCK_SIZE,
+        eviction_policy=spec,
+        device="cpu",
+    )
+    hit_blocks = tokens_saved = 0
+    with _progress_bar(len(requests), enabled=progress) as advance:
+        for index, (request, hashes) in enumerate(zip(requests, chains, strict=True)):
+            if oracle is not None:
+                oracle.first_pending = index + 1
+            num_hit = _replay_one(allocator, hashes, block_hash, capacity)
+            hit_blocks += num_hit
+            tokens_saved += min(num_hit * TRACE_BLOCK_SIZE, request.input_length)
+            advance(1)
+    return ReplayResult(
+        policy=policy,
+        capacity=capacity,
+        num_requests=len(requests),
+        prompt_blocks=sum(len(chain) for chain in chains),
+        hit_blocks=hit_blocks,
+        prompt_tokens=sum(request.input_length for request in requests),
+        tokens_saved=tokens_saved,
+        evictions=allocator.stats().num_evicted_blocks,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _check_capacity(capacity: object, minimum: int) -> None:
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < minimum:
+        raise InvalidArgumentError(f"capacity must be an int >= {minimum}, got {capacity!r}")
+
+
+def _check_policy(policy: object) -> None:
+    if not isinstance(policy, str):
+        raise InvalidArgumentError(f"policy must be a registered name, got {policy!r}")
+
+
+def _replay_one(
+    allocator: KVBlockAllocator, hashes: np.ndarray, block_hash: np.ndarray, capacity: int
+) -> int:
+    """Look up, insert or touch, release and trim for one request; return its hit blocks."""
+    hit_ids = allocator.match_prefix(hashes, acquire=True)
+    num_hit = len(hit_ids)
+    fresh_ids = allocator.allocate_memory_blocks(len(hashes) - num_hit)
+    if fresh_ids is None:  # the pool is sized so that this cannot happen
+        raise CapacityError(f"no room for {len(hashes) - num_hit} blocks beside the cache")
+    if len(fresh_ids):
+        parent = int(hashes[num_hit - 1]) if num_hit else None
+        allocator.register_kv_block_hashes(fresh_ids, hashes[num_hit:], parent_hash=parent)
+        block_hash[fresh_ids.numpy()] = hashes[num_hit:]
+        allocator.release_memory_blocks(fresh_ids)
+    allocator.release_memory_blocks(hit_ids)
+    excess = allocator.get_evictable_block_count() - capacity
+    if excess > 0:
+        allocator.evict_cached_blocks(excess)
+    return num_hit
+
+
+class _NextUseOracle:
+    """Belady's view of the future: block ID -> index of the next request using its hash.
+
+    Requests are indexed in arrival order. ``first_pending`` is the first
+    request that has not taken its blocks yet, so the next use of a cached
+    block is the first request at or after it whose chain holds the block's
+    hash (``never``, the number of requests, if none). ``hash_of`` maps a block
+    to the hash it is registered under.
+    """
+
+    def __init__(self, chains: Iterable[Iterable[int]], hash_of: Callable[[int], int]) -> None:
+        self._uses: dict[int, list[int]] = {}
+        index = -1
+        for index, chain in enumerate(chains):
+            for value in chain:
+                self._uses.setdefault(value, []).append(index)
+        self.never = index + 1
+        self.hash_of = hash_of
+        self.first_pending = 0
+
+    def __call__(self, block_id: int) -> int:
+        indices = self._uses.get(self.hash_of(block_id))
+        if indices is None:
+            return self.never
+        position = bisect_left(indices, self.first_pending)
+        return indices[position] if position < len(indices) else self.never
+
+
+@dataclass(frozen=True)
+class ConcurrentReplayResult:
+    """What one replay through the dynamic-batching loop measured.
+
+    Attributes:
+        policy: eviction policy name.
+        capacity: blocks in the pool (running requests and the cache together).
+        num_requests: requests replayed.
+        num_steps: loop steps run.
+        prompt_tokens: prompt tokens admitted (a requeued request counts again).
+        tokens_saved: prompt tokens served from the cache at admission.
+        evictions: blocks evicted from the cache.
+        pauses: requests paused for want of a block.
+        preemptions: paused requests released and requeued.
+        seconds: wall time of the replay.
+    """
+
+    policy: str
+    capacity: int
+    num_requests: int
+    num_steps: int
+    prompt_tokens: int
+    tokens_saved: int
+    evictions: int
+    pauses: int
+    preemptions: int
+    seconds: float
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from the cache / prompt tokens admitted (0.0 if none)."""
+        return self.tokens_saved / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def requests_per_second(self) -> float:
+        """Replay speed (``inf`` when the run was too short to time)."""
+        return self.num_requests / self.seconds if self.seconds > 0 else float("inf")
+
+
+def replay_concurrent(
+    requests: Sequence[TraceRequest],
+    capacity: int,
+    policy: str = "lru",
+    *,
+    step_ms: int = 50,
+    step_token_budget: int = 8192,
+    max_requests: int = 256,
+    progress: bool = False,
+) -> ConcurrentReplayResult:
+    """Replay ``requests`` with real concurrency through :mod:`prefixcache.sim`.
+
+    Each request arrives at loop step ``timestamp_ms // step_ms``; a step
+    computes up to ``step_token_budget`` tokens (one decode token per running
+    request, then prefill chunks), so the defaults model an engine that
+    prefills about 160k tokens a second. Requests hold their blocks from
+    admission until they finish; the pool has ``capacity`` blocks (plus the
+    dummy), an eighth of them the paused budget, and the cache lives in what
+    running requests leave free. Only full prompt blocks are matched and the
+    hit rate is counted in prompt tokens, as the loop reports it.
+
+    With ``policy="belady"`` the future is the arrival order: a cached
+    block's next use is the first request not yet admitted (FIFO, counted
+    after each step) whose prompt holds its hash. Under concurrency this is a
+    strong reference, not a proven optimum.
+
+    Args:
+        requests: the trace, in arrival order.
+        capacity: blocks in the pool (>= 1); must hold the largest request.
+        policy: a registered policy name.
+        step_ms: trace milliseconds per loop step (>= 1).
+        step_token_budget: tokens computed per step (>= 1).
+        max_requests: running plus paused requests at most (block-table rows).
+        progress: show a progress bar (finished requests) on long runs.
+
+    Returns:
+        A :class:`ConcurrentReplayResult`.
+
+    Raises:
+        ImportError: :mod:`prefixcache.sim` is not available.
+        InvalidArgumentError: a bad argument (ConfigError: unknown policy).
+        CapacityError: a request needs more blocks than the pool can give it.
+
+    Complexity: O(total tokens / block size + steps * requests in flight).
+    """
+    from prefixcache import sim as loop  # imported here: the loop is an optional module
+
+    _check_capacity(capacity, minimum=1)
+    _check_policy(policy)
+    if isinstance(step_ms, bool) or not isinstance(step_ms, int) or step_ms < 1:
+        raise InvalidArgumentError(f"step_ms must be an int >= 1, got {step_ms!r}")
+    start = time.perf_counter()
+    sim_requests = [
+        loop.SimRequest.from_hash_ids(
+            index,
+            request.hash_ids,
+            request.input_length,
+            request.output_length,
+            arrival_step=request.timestamp_ms // step_ms,
+        )
+        for index, request in enumerate(requests)
+    ]
+    oracle: _NextUseOracle | None = None
+    spec: PolicySpec = policy
+    if policy == OPTIMUM_POLICY:
+        oracle = _NextUseOracle((r.block_hashes or () for r in sim_requests), lambda b: 0)
+        spec = {"name": policy, "next_use": oracle}
+    blocks_needed = (-(-(r.input_length + r.output_length) // TRACE_BLOCK_SIZE) for r in requests)
+    sim = loop.DynamicBatchingSim(
+        loop.SimConfig(
+            total_count=capacity + 1,
+            block_size=TRACE_BLOCK_SIZE,
+            eviction_policy=spec,
+            max_requests=max_requests,
+            max_blocks_per_request=max(blocks_needed, default=1),
+            step_token_budget=step_token_budget,
+            device="cpu",
+        )
+    )
+    if oracle is not None:
+        oracle.hash_of = sim.allocator.registry.hash_of
+    for sim_request in sim_requests:
+        sim.submit(sim_request)
+    _run_loop(sim, oracle, len(requests), progress)
+    report = sim.report()
+    return ConcurrentReplayResult(
+        policy=policy,
+        capacity=capacity,
+        num_requests=len(requests),
+        num_steps=report.num_steps,
+        prompt_tokens=report.prompt_tokens,
+        tokens_saved=report.prefill_tokens_saved,
+        evictions=report.num_evicted_blocks,
+        pauses=report.num_pauses,
+        preemptions=report.num_preemptions,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _run_loop(
+    sim: DynamicBatchingSim, oracle: _NextUseOracle | None, num_requests: int, progress: bool
+) -> None:
+    """Step ``sim`` until every request finished, keeping the oracle's frontier current."""
+    num_finished = 0
+    with _progress_bar(num_requests, enabled=progress) as advance:
+        while not sim.is_done:
+            step = sim.step()
+            num_finished += step.num_finished
+            if oracle is not None:
+                oracle.first_pending = num_finished + step.num_running + step.num_paused
+            advance(step.num_finished)
+
+
+@contextmanager
+def _progress_bar(total: int, *, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """Yield an ``advance(n)`` callable; draw progress when enabled and the run is long.
+
+    Uses tqdm when it is installed (an optional dependency), else rewrites a
+    counter on stderr every 1% of the run.
+    """
+    if not enabled or total < _PROGRESS_MIN_REQUESTS:
+        yield lambda n: None
+        return
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if tqdm is not None:
+        with tqdm(total=total, unit="req", leave=False) as bar:
+            yield bar.update
+        return
+    step = max(1, total // 100)
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        before, done = done, done + n
+        if done // step > before // step or (n and done == total):
+            print(f"\r{done}/{total} requests", end="", file=sys.stderr, flush=True)
+
+    yield advance
+    print(file=sys.stderr)
