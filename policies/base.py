@@ -45,11 +45,17 @@ class EvictionPolicy(Protocol):
 
     retains_unreferenced: bool
 
-    def insert(self, block_id: int, last_access: int, num_accesses: int, depth: int) -> None:
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
         """Start tracking ``block_id``, which just became an evictable leaf.
 
         Args:
             block_id: the block; not tracked yet.
+            block_hash: the chained content hash it is registered under. Block
+                IDs are recycled; a hash names the same prefix for good, so
+                state that must outlive the block (ghost lists, retention
+                priorities) is keyed by hash.
             last_access: clock value of the block's last access.
             num_accesses: how many times the block was handed to a request
                 (1 for a block filled once and never hit again).

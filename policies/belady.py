@@ -34,9 +34,9 @@ class BeladyPolicy:
 
     >>> future = {3: 10, 4: 7, 5: 10}
     >>> policy = BeladyPolicy(future.__getitem__)
-    >>> policy.insert(3, last_access=1, num_accesses=1, depth=0)
-    >>> policy.insert(4, last_access=1, num_accesses=1, depth=5)
-    >>> policy.insert(5, last_access=1, num_accesses=1, depth=2)
+    >>> policy.insert(3, block_hash=1003, last_access=1, num_accesses=1, depth=0)
+    >>> policy.insert(4, block_hash=1004, last_access=1, num_accesses=1, depth=5)
+    >>> policy.insert(5, block_hash=1005, last_access=1, num_accesses=1, depth=2)
     >>> policy.evict(2)
     [5, 3]
 
@@ -57,7 +57,9 @@ class BeladyPolicy:
         self._order: SortedList = SortedList()
         self._key_of: dict[int, tuple[int, int, int]] = {}
 
-    def insert(self, block_id: int, last_access: int, num_accesses: int, depth: int) -> None:
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
         """Track ``block_id`` by its next use and its depth. O(log n)."""
         key = (self._next_use(block_id), depth, block_id)
         self._key_of[block_id] = key

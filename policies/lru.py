@@ -23,7 +23,9 @@ class LRUPolicy:
         self._order: SortedList = SortedList()
         self._key_of: dict[int, tuple[int, int]] = {}
 
-    def insert(self, block_id: int, last_access: int, num_accesses: int, depth: int) -> None:
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
         key = (last_access, block_id)
         self._key_of[block_id] = key
         self._order.add(key)

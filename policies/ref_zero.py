@@ -16,7 +16,9 @@ class RefZeroPolicy:
 
     retains_unreferenced = False
 
-    def insert(self, block_id: int, last_access: int, num_accesses: int, depth: int) -> None:
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
         raise RuntimeError("RefZeroPolicy retains nothing; the allocator must not insert blocks")
 
     def discard(self, block_id: int) -> None:

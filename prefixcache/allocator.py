@@ -328,6 +328,7 @@ class KVBlockAllocator:
     def _insert_leaf(self, block_id: int) -> None:
         self.policy.insert(
             block_id,
+            self.registry.hash_of(block_id),
             int(self._last_access[block_id]),
             int(self._num_accesses[block_id]),
             int(self.registry.depth_of[block_id]),

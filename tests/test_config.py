@@ -34,7 +34,9 @@ class FifoPolicy:
         self.label = label
         self._queue: dict[int, None] = {}
 
-    def insert(self, block_id: int, last_access: int, num_accesses: int, depth: int) -> None:
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
         self._queue[block_id] = None
 
     def discard(self, block_id: int) -> None:
@@ -194,7 +196,7 @@ PLUGIN_SOURCE = textwrap.dedent(
             self.limit = limit
             self._queue = {}
 
-        def insert(self, block_id, last_access, num_accesses, depth):
+        def insert(self, block_id, block_hash, last_access, num_accesses, depth):
             self._queue[block_id] = None
 
         def discard(self, block_id):

@@ -146,7 +146,13 @@ def test_belady_evicts_furthest_next_use_then_deeper_then_higher_id() -> None:
     depth = {10: 0, 11: 1, 12: 4, 13: 4, 14: 7}
     policy = BeladyPolicy(future.__getitem__)
     for block_id in future:
-        policy.insert(block_id, last_access=block_id, num_accesses=1, depth=depth[block_id])
+        policy.insert(
+            block_id,
+            block_hash=block_id + 1000,
+            last_access=block_id,
+            num_accesses=1,
+            depth=depth[block_id],
+        )
     assert len(policy) == 5
     assert policy.evict(2) == [13, 12]  # next use 9 at depth 4: higher ID first
     assert policy.evict(1) == [11]
@@ -159,8 +165,8 @@ def test_belady_evicts_furthest_next_use_then_deeper_then_higher_id() -> None:
 def test_belady_ignores_recency_and_asks_again_on_touch() -> None:
     future = {1: 3, 2: 8}
     policy = BeladyPolicy(future.__getitem__)
-    policy.insert(1, last_access=100, num_accesses=5, depth=0)
-    policy.insert(2, last_access=0, num_accesses=1, depth=0)
+    policy.insert(1, block_hash=1001, last_access=100, num_accesses=5, depth=0)
+    policy.insert(2, block_hash=1002, last_access=0, num_accesses=1, depth=0)
     future[2] = 1  # a touch is a use: the next use moves
     policy.touch(2, now=101)
     assert policy.evict(1) == [1]
@@ -171,7 +177,7 @@ def test_belady_ignores_recency_and_asks_again_on_touch() -> None:
 
 def test_belady_clear_and_bad_oracle() -> None:
     policy = BeladyPolicy(lambda block_id: block_id)
-    policy.insert(4, last_access=0, num_accesses=1, depth=0)
+    policy.insert(4, block_hash=1004, last_access=0, num_accesses=1, depth=0)
     policy.clear()
     assert len(policy) == 0
     assert 4 not in policy
