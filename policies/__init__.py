@@ -20,7 +20,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
-from policies.base import EvictionPolicy, UnknownPolicyError
+from policies.base import EvictionPolicy, SupportsRetention, UnknownPolicyError
 from policies.belady import BeladyPolicy
 from policies.lru import LRUPolicy
 from policies.ref_zero import RefZeroPolicy
@@ -31,6 +31,7 @@ __all__ = [
     "EvictionPolicy",
     "LRUPolicy",
     "RefZeroPolicy",
+    "SupportsRetention",
     "UnknownPolicyError",
     "available",
     "get",

@@ -90,3 +90,21 @@ class EvictionPolicy(Protocol):
     def __contains__(self, block_id: object) -> bool:
         """Whether ``block_id`` is tracked."""
         ...
+
+
+@runtime_checkable
+class SupportsRetention(Protocol):
+    """A policy that honours per-prefix retention priorities (TensorRT-LLM style).
+
+    The allocator forwards :meth:`KVBlockAllocator.set_retention_priority`
+    calls here. Priorities are keyed by block hash, so they follow a prefix
+    across evictions and block-ID reuse.
+    """
+
+    def set_retention(self, block_hash: int, priority: int, expires_at: int | None) -> None:
+        """Give ``block_hash`` retention ``priority`` until clock ``expires_at`` (None: forever).
+
+        Lower priorities are evicted first. After ``expires_at`` the hash falls
+        back to the policy's default priority.
+        """
+        ...

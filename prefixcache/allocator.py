@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from policies import EvictionPolicy
+from policies import EvictionPolicy, SupportsRetention
 from prefixcache import hashing
 from prefixcache.block_ids import (
     EMPTY_IDS,
@@ -684,6 +684,39 @@ class KVBlockAllocator:
             leaves = np.unique(ids[unreferenced & (self.registry.num_children[ids] == 0)])
             for block_id in leaves.tolist():
                 self.policy.touch(block_id, self._clock)
+
+    def set_retention_priority(
+        self, block_hashes: Any, priority: int, *, duration: int | None = None
+    ) -> None:
+        """Ask the policy to keep the blocks of ``block_hashes`` longer (or shorter).
+
+        For pinning a system prompt or an agent's paused context. Lower
+        priorities are evicted first; after ``duration`` clock ticks the
+        hashes fall back to the default priority. Hashes need not be
+        registered yet: the priority applies whenever they are cached.
+
+        Raises:
+            ConfigError: the configured policy has no retention priorities.
+            InvalidTensorError, InvalidArgumentError: malformed hashes,
+                priority or duration.
+
+        Complexity: O(k) policy calls.
+        """
+        if not isinstance(self.policy, SupportsRetention):
+            raise ConfigError(
+                f"policy {type(self.policy).__name__} does not support retention priorities; "
+                "configure one that does (e.g. 'priority')"
+            )
+        hashes = self._hash_list(block_hashes, "block_hashes")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidArgumentError(f"priority must be an int, got {priority!r}")
+        if duration is not None and (
+            isinstance(duration, bool) or not isinstance(duration, int) or duration < 0
+        ):
+            raise InvalidArgumentError(f"duration must be an int >= 0 or None, got {duration!r}")
+        expires_at = None if duration is None else self._clock + duration
+        for block_hash in hashes:
+            self.policy.set_retention(block_hash, priority, expires_at)
 
     def evict_cached_blocks(self, num_blocks: int) -> int:
         """Evict up to ``num_blocks`` cached blocks through the policy.
