@@ -29,6 +29,7 @@ from prefixcache.errors import (
     InvariantError,
     ReferenceCountError,
 )
+from prefixcache.events import BlockStored, KVCacheEvent, KVEventLog
 from prefixcache.pool import BlockPool
 from prefixcache.registry import ROOT, HashRegistry
 from prefixcache.routing import RoutingStore
@@ -114,6 +115,12 @@ class KVBlockAllocator:
                 config.routing_top_k,
                 config.routing_num_experts,
             )
+        self.events: KVEventLog | None = None
+        if config.kv_events_capacity:
+            self.events = KVEventLog(
+                config.kv_events_capacity, config.block_size_tokens, config.kv_events_medium
+            )
+        self._removed_hashes: list[int] = []  # deregistered during the current call
         size = config.total_count
         # Per-block host state, indexed by block ID, changed only by this class.
         self._active_refs = np.zeros(size, dtype=np.int32)  # references of running requests
@@ -447,6 +454,8 @@ class KVBlockAllocator:
         block_hashes: Any,
         *,
         parent_hash: int | None = None,
+        token_ids: Any = None,
+        lora_name: str | None = None,
     ) -> torch.Tensor:
         """Register a chain of full blocks under their hashes so later prompts can hit them.
 
@@ -462,6 +471,9 @@ class KVBlockAllocator:
             block_ids: referenced (active or paused) blocks, one per hash.
             block_hashes: their chained hashes (ints other than 0 and -1).
             parent_hash: registered hash the chain continues, or None.
+            token_ids: the blocks' tokens, concatenated (``block_size_tokens``
+                per block); only kept for KV cache events.
+            lora_name: adapter the blocks belong to; only kept for events.
 
         Returns:
             A CPU bool tensor: True where the block now carries its hash.
@@ -481,6 +493,9 @@ class KVBlockAllocator:
         for block_hash in hashes:
             if block_hash in _SENTINEL_HASHES:
                 raise InvalidArgumentError(f"hash {block_hash} is a reserved sentinel")
+        tokens = self._event_tokens(token_ids, len(ids))
+        if lora_name is not None and not isinstance(lora_name, str):
+            raise InvalidArgumentError(f"lora_name must be a string or None, got {lora_name!r}")
         if not self.enable_prefix_caching or not len(ids):
             return torch.zeros(len(ids), dtype=torch.bool)
         unreferenced = (self._active_refs[ids] + self._paused_refs[ids]) == 0
@@ -499,14 +514,51 @@ class KVBlockAllocator:
                 raise HashConflictError(f"parent hash {parent_hash} is not registered")
             parent_id = holder
         registered = np.zeros(len(id_list), dtype=bool)
+        stored_runs: list[tuple[int, list[int]]] = []  # (first index, new hashes) per run
         for index, (block_id, block_hash) in enumerate(zip(id_list, hashes, strict=True)):
             holder = self.registry.block_of(block_hash)
             if holder is None:
                 self._register_one(block_id, block_hash, parent_id)
                 holder = block_id
+                if stored_runs and stored_runs[-1][0] + len(stored_runs[-1][1]) == index:
+                    stored_runs[-1][1].append(block_hash)
+                else:
+                    stored_runs.append((index, [block_hash]))
             registered[index] = holder == block_id
             parent_id = holder
+        if self.events is not None:
+            self._record_stored_runs(stored_runs, hashes, parent_hash, tokens, lora_name)
         return torch.from_numpy(registered)
+
+    def _event_tokens(self, token_ids: Any, num_blocks: int) -> list[int] | None:
+        """Validate the optional token IDs of a registration (kept only for events)."""
+        if token_ids is None:
+            return None
+        tokens = to_int_array(token_ids, "token_ids").tolist()
+        expected = num_blocks * self.block_size_tokens
+        if len(tokens) != expected:
+            raise InvalidArgumentError(
+                f"token_ids has {len(tokens)} tokens; {num_blocks} blocks of "
+                f"{self.block_size_tokens} need {expected}"
+            )
+        return tokens
+
+    def _record_stored_runs(
+        self,
+        stored_runs: list[tuple[int, list[int]]],
+        hashes: list[int],
+        parent_hash: int | None,
+        tokens: list[int] | None,
+        lora_name: str | None,
+    ) -> None:
+        assert self.events is not None
+        size = self.block_size_tokens
+        for first, run in stored_runs:
+            parent = hashes[first - 1] if first else parent_hash
+            run_tokens = None
+            if tokens is not None:
+                run_tokens = tokens[first * size : (first + len(run)) * size]
+            self.events.record_stored(run, parent, run_tokens, lora_name)
 
     def _check_hash_assignment(self, id_list: list[int], hashes: list[int]) -> None:
         assigned: dict[int, int] = {}
@@ -781,8 +833,14 @@ class KVBlockAllocator:
                 f"policy {type(self.policy).__name__} chose non-leaf victims {victims}"
             )
 
+    def _deregister(self, block_id: int) -> int:
+        """Forget a childless block's hash (noting it for events); return its parent."""
+        if self.events is not None:
+            self._removed_hashes.append(self.registry.hash_of(block_id))
+        return self.registry.deregister_leaf(block_id)
+
     def _evict_leaf(self, block_id: int) -> None:
-        parent_id = self.registry.deregister_leaf(block_id)
+        parent_id = self._deregister(block_id)
         self._num_cached -= 1
         if (
             parent_id != ROOT
@@ -832,7 +890,7 @@ class KVBlockAllocator:
             unreferenced = self._active_refs[block_id] == 0 and self._paused_refs[block_id] == 0
             if unreferenced and block_id in self.policy:
                 self.policy.discard(block_id)
-            self.registry.deregister_leaf(block_id)
+            self._deregister(block_id)
             if unreferenced:
                 self._num_cached -= 1
                 freed.append(block_id)
@@ -847,6 +905,10 @@ class KVBlockAllocator:
         return freed
 
     def _free_dropped(self, freed: list[int]) -> None:
+        if self._removed_hashes:
+            assert self.events is not None
+            self.events.record_removed(self._removed_hashes)
+            self._removed_hashes = []
         if not freed:
             return
         ids = np.asarray(freed, dtype=np.int32)
@@ -996,6 +1058,43 @@ class KVBlockAllocator:
             array[:] = 0
         self._pending_chunks.clear()
         self._reset_counters()
+        if self.events is not None:
+            self.events.record_cleared()
+
+    def _event_log(self) -> KVEventLog:
+        if self.events is None:
+            raise ConfigError("KV cache events are off; set kv_events_capacity > 0")
+        return self.events
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Drain the queued KV cache events, oldest first.
+
+        Raises:
+            ConfigError: events are not enabled (``kv_events_capacity`` is 0).
+
+        Complexity: O(queued events).
+        """
+        return self._event_log().take()
+
+    def snapshot(self) -> list[BlockStored]:
+        """BlockStored events for every resident hash, parents first, for a late router.
+
+        Not queued: the caller sends them before the events it drains next.
+
+        Raises:
+            ConfigError: events are not enabled.
+
+        Complexity: O(n log n) in registered blocks.
+        """
+        log = self._event_log()
+        registry = self.registry
+        pairs = sorted(registry.items(), key=lambda pair: int(registry.depth_of[pair[1]]))
+        events = []
+        for block_hash, block_id in pairs:
+            parent_id = int(registry.parent_of[block_id])
+            parent_hash = None if parent_id == ROOT else registry.hash_of(parent_id)
+            events.append(log.stored_event_for(block_hash, parent_hash))
+        return events
 
     def stats(self) -> AllocatorStats:
         """A snapshot of counts per state and cumulative events. O(1)."""

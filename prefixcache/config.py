@@ -42,6 +42,10 @@ class AllocatorConfig:
             enables per-block routing storage.
         routing_num_experts: decides the stored dtype (int16 up to 32,767
             experts, int32 beyond); defaults to int16.
+        kv_events_capacity: 0 (default) records no KV cache events; a
+            positive number enables them and bounds the queue that
+            :meth:`KVBlockAllocator.take_events` drains.
+        kv_events_medium: storage tier named in events (``"GPU"``).
     """
 
     total_count: int
@@ -55,11 +59,14 @@ class AllocatorConfig:
     routing_num_layers: int | None = None
     routing_top_k: int | None = None
     routing_num_experts: int | None = None
+    kv_events_capacity: int = 0
+    kv_events_medium: str | None = "GPU"
 
     def __post_init__(self) -> None:
         _require_int("total_count", self.total_count, 2)
         _require_int("paused_count", self.paused_count, 0)
         _require_int("block_size_tokens", self.block_size_tokens, 1)
+        _require_int("kv_events_capacity", self.kv_events_capacity, 0)
         if self.paused_count > self.total_count - 2:
             raise ConfigError(
                 f"paused_count {self.paused_count} leaves no active blocks "

@@ -26,6 +26,7 @@ from prefixcache import (
     PrefixCacheError,
     ReferenceCountError,
 )
+from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 TOTAL_COUNT = 13
 PAUSED_COUNT = 3
@@ -71,7 +72,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             paused_count=PAUSED_COUNT,
             eviction_policy=self.policy_name,
             device="cpu",
+            kv_events_capacity=10_000,
         )
+        self.resident_by_events: set[int] = set()  # hashes replayed from KV events
         self.active: list[int] = []  # one entry per active reference held
         self.paused: list[int] = []  # one entry per paused reference held
         self.block_of_hash: dict[int, int] = {}  # what the model saw registered
@@ -276,6 +279,21 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert paused.tolist() == [held_paused[b] for b in ids]
         assert self.allocator.get_active_used() == len(held_active)
         assert self.allocator.get_paused_used() == len(set(held_paused) - set(held_active))
+
+    @invariant()
+    def events_replay_to_the_resident_hashes(self) -> None:
+        """A router that applies the events in order knows exactly what is resident."""
+        for event in self.allocator.take_events():
+            if isinstance(event, BlockStored):
+                assert not self.resident_by_events & set(event.block_hashes), "stored twice"
+                self.resident_by_events.update(event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                assert set(event.block_hashes) <= self.resident_by_events, "removed unknown"
+                self.resident_by_events.difference_update(event.block_hashes)
+            else:
+                assert isinstance(event, AllBlocksCleared)
+                self.resident_by_events.clear()
+        assert self.resident_by_events == {h for h, _ in self.allocator.registry.items()}
 
     @invariant()
     def partition_adds_up(self) -> None:
