@@ -92,7 +92,7 @@ class KVBlockAllocator:
             raise ConfigError("pass either an AllocatorConfig or keyword arguments, not both")
         elif not isinstance(config, AllocatorConfig):
             raise ConfigError(f"config must be an AllocatorConfig, got {type(config).__name__}")
-        if config.hash_algo not in hashing.HASH_ALGORITHMS:
+        if not callable(config.hash_algo) and config.hash_algo not in hashing.HASH_ALGORITHMS:
             valid = ", ".join(hashing.HASH_ALGORITHMS)
             raise ConfigError(f"unknown hash_algo {config.hash_algo!r}; valid: {valid}")
         self.config = config
@@ -121,6 +121,9 @@ class KVBlockAllocator:
                 config.kv_events_capacity, config.block_size_tokens, config.kv_events_medium
             )
         self._removed_hashes: list[int] = []  # deregistered during the current call
+        self.verify_prefix_hits = config.verify_prefix_hits
+        # Second fingerprint of each registered block (verify mode), by block ID.
+        self._fingerprint_of_block: list[int] = [0] * config.total_count
         size = config.total_count
         # Per-block host state, indexed by block ID, changed only by this class.
         self._active_refs = np.zeros(size, dtype=np.int32)  # references of running requests
@@ -144,6 +147,7 @@ class KVBlockAllocator:
         self._num_hits = 0
         self._num_evicted = 0
         self._num_dropped = 0
+        self._num_rejected = 0
 
     # ------------------------------------------------------------------ allocation
 
@@ -364,16 +368,61 @@ class KVBlockAllocator:
             keys.append(self.config.hash_salt)
         if extra_keys is not None:
             keys.extend(extra_keys)
+        algo = self.config.hash_algo
+        if callable(algo):
+            return algo(tokens, self.block_size_tokens, parent=parent, salt=salt, extra_keys=keys)
         return hashing.compute_block_hashes(
             tokens,
             self.block_size_tokens,
             parent=parent,
             salt=salt,
             extra_keys=keys or None,
-            algo=self.config.hash_algo,
+            algo=algo,
         )
 
-    def match_prefix(self, block_hashes: Any, *, acquire: bool = False) -> torch.Tensor:
+    def fingerprint_tokens(
+        self,
+        tokens: Any,
+        *,
+        parent: int | None = None,
+        salt: str | bytes | None = None,
+        extra_keys: Sequence[object] | None = None,
+    ) -> list[int]:
+        """Verification fingerprints of the full blocks of ``tokens`` (verify mode).
+
+        A second chain, independent of :meth:`hash_tokens`: another algorithm
+        (``xxh3_128``, or ``sha256`` when hashing with ``xxh3_128``) under its
+        own root, so a collision of one chain is not a collision of the other.
+        ``parent`` is the previous block's fingerprint when continuing a chain.
+
+        Complexity: O(tokens).
+        """
+        algo = "sha256" if self.config.hash_algo == "xxh3_128" else "xxh3_128"
+        keys: list[object] = ["prefixcache-fingerprint"]
+        if self.config.hash_salt is not None:
+            keys.append(self.config.hash_salt)
+        if extra_keys is not None:
+            keys.extend(extra_keys)
+        return hashing.compute_block_hashes(
+            tokens, self.block_size_tokens, parent=parent, salt=salt, extra_keys=keys, algo=algo
+        )
+
+    def _fingerprint_list(self, fingerprints: Any, num_hashes: int) -> list[int] | None:
+        """Validate ``fingerprints``; required in verify mode, ignored otherwise."""
+        if not self.verify_prefix_hits:
+            return None
+        if fingerprints is None:
+            raise InvalidArgumentError(
+                "verify_prefix_hits is on: pass fingerprints (see fingerprint_tokens)"
+            )
+        values = self._hash_list(fingerprints, "fingerprints")
+        if len(values) != num_hashes:
+            raise InvalidArgumentError(f"{num_hashes} hashes but {len(values)} fingerprints")
+        return values
+
+    def match_prefix(
+        self, block_hashes: Any, *, acquire: bool = False, fingerprints: Any = None
+    ) -> torch.Tensor:
         """IDs of the blocks holding the longest registered prefix of ``block_hashes``.
 
         Args:
@@ -382,6 +431,9 @@ class KVBlockAllocator:
             acquire: also take one active reference on every matched block,
                 atomically, so eviction cannot take them before the caller
                 allocates the rest.
+            fingerprints: in verify mode, the query's fingerprints
+                (:meth:`fingerprint_tokens`); the match stops at the first
+                block whose stored fingerprint differs. Ignored otherwise.
 
         Returns:
             A fresh CPU int32 tensor, possibly empty.
@@ -389,14 +441,26 @@ class KVBlockAllocator:
         Complexity: O(matched blocks) dict lookups, plus vectorised reference updates.
         """
         hashes = self._hash_list(block_hashes, "block_hashes")
+        checks = self._fingerprint_list(fingerprints, len(hashes))
         if not self.enable_prefix_caching:
             return to_tensor(EMPTY_IDS.copy())
-        matched = np.array(self.registry.match(hashes), dtype=np.int32)
+        matched_list = self.registry.match(hashes)
+        if checks is not None:
+            matched_list = self._verified_prefix(matched_list, checks)
+        matched = np.array(matched_list, dtype=np.int32)
         self._num_queried += len(hashes)
         self._num_hits += len(matched)
         if acquire and len(matched):
             self._take_references(*_count_occurrences(matched))
         return to_tensor(matched)
+
+    def _verified_prefix(self, matched: list[int], checks: list[int]) -> list[int]:
+        stored = self._fingerprint_of_block
+        for index, block_id in enumerate(matched):
+            if stored[block_id] != checks[index]:
+                self._num_rejected += 1
+                return matched[:index]
+        return matched
 
     def is_hash_registered(self, block_hash: int) -> bool:
         """Whether some block holds ``block_hash`` now (a chain can continue from it).
@@ -456,6 +520,7 @@ class KVBlockAllocator:
         parent_hash: int | None = None,
         token_ids: Any = None,
         lora_name: str | None = None,
+        fingerprints: Any = None,
     ) -> torch.Tensor:
         """Register a chain of full blocks under their hashes so later prompts can hit them.
 
@@ -474,6 +539,8 @@ class KVBlockAllocator:
             token_ids: the blocks' tokens, concatenated (``block_size_tokens``
                 per block); only kept for KV cache events.
             lora_name: adapter the blocks belong to; only kept for events.
+            fingerprints: in verify mode, the blocks' fingerprints
+                (:meth:`fingerprint_tokens`), required; ignored otherwise.
 
         Returns:
             A CPU bool tensor: True where the block now carries its hash.
@@ -494,6 +561,7 @@ class KVBlockAllocator:
             if block_hash in _SENTINEL_HASHES:
                 raise InvalidArgumentError(f"hash {block_hash} is a reserved sentinel")
         tokens = self._event_tokens(token_ids, len(ids))
+        checks = self._fingerprint_list(fingerprints, len(hashes))
         if lora_name is not None and not isinstance(lora_name, str):
             raise InvalidArgumentError(f"lora_name must be a string or None, got {lora_name!r}")
         if not self.enable_prefix_caching or not len(ids):
@@ -519,6 +587,8 @@ class KVBlockAllocator:
             holder = self.registry.block_of(block_hash)
             if holder is None:
                 self._register_one(block_id, block_hash, parent_id)
+                if checks is not None:
+                    self._fingerprint_of_block[block_id] = checks[index]
                 holder = block_id
                 if stored_runs and stored_runs[-1][0] + len(stored_runs[-1][1]) == index:
                     stored_runs[-1][1].append(block_hash)
@@ -1112,6 +1182,7 @@ class KVBlockAllocator:
             num_hit_blocks=self._num_hits,
             num_evicted_blocks=self._num_evicted,
             num_dropped_blocks=self._num_dropped,
+            num_rejected_hits=self._num_rejected,
             clock=self._clock,
         )
 

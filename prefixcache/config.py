@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,10 @@ class AllocatorConfig:
             ``{"name": "lru", ...kwargs}``, or a policy object (used as is:
             give each allocator its own, a policy holds per-allocator state).
         device: where device mirrors live; ``None`` = CUDA when available.
-        hash_algo: ``"xxh3_64"`` (default), ``"xxh3_128"`` or ``"sha256"``.
+        hash_algo: ``"xxh3_64"`` (default), ``"xxh3_128"`` or ``"sha256"``;
+            or a callable with the signature of
+            :func:`prefixcache.hashing.compute_block_hashes` (tests inject a
+            deliberately weak one to force collisions).
         hash_salt: deployment-wide salt (model or weight version) mixed into
             every chain's root by :meth:`KVBlockAllocator.hash_tokens`.
         routing_num_layers, routing_top_k: MoE routing dimensions; both set
@@ -46,6 +49,10 @@ class AllocatorConfig:
             positive number enables them and bounds the queue that
             :meth:`KVBlockAllocator.take_events` drains.
         kv_events_medium: storage tier named in events (``"GPU"``).
+        verify_prefix_hits: keep a second, independent fingerprint per
+            registered block and check it on every match, so a hash
+            collision (accidental or crafted) can never share a block.
+            Registration and matching then require ``fingerprints``.
     """
 
     total_count: int
@@ -54,13 +61,14 @@ class AllocatorConfig:
     enable_prefix_caching: bool = True
     eviction_policy: PolicySpec = "lru"
     device: str | None = None
-    hash_algo: str = "xxh3_64"
+    hash_algo: str | Callable[..., list[int]] = "xxh3_64"
     hash_salt: str | None = None
     routing_num_layers: int | None = None
     routing_top_k: int | None = None
     routing_num_experts: int | None = None
     kv_events_capacity: int = 0
     kv_events_medium: str | None = "GPU"
+    verify_prefix_hits: bool = False
 
     def __post_init__(self) -> None:
         _require_int("total_count", self.total_count, 2)
@@ -72,6 +80,8 @@ class AllocatorConfig:
                 f"paused_count {self.paused_count} leaves no active blocks "
                 f"(total_count {self.total_count}, one is the dummy)"
             )
+        if not isinstance(self.verify_prefix_hits, bool):
+            raise ConfigError(f"verify_prefix_hits must be a bool, got {self.verify_prefix_hits!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ConfigError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"

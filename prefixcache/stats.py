@@ -15,6 +15,8 @@ class AllocatorStats:
     ``num_evicted_blocks`` counts cached blocks freed for room (or by an
     explicit evict call); ``num_dropped_blocks`` counts hashed blocks freed
     at their last release because the policy retains nothing (ref-zero).
+    ``num_rejected_hits`` counts matches cut short because a block's hash
+    matched but its verification fingerprint did not (a hash collision).
     """
 
     total_count: int
@@ -30,6 +32,7 @@ class AllocatorStats:
     num_hit_blocks: int
     num_evicted_blocks: int
     num_dropped_blocks: int
+    num_rejected_hits: int
     clock: int
 
     @property
