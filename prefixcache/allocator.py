@@ -39,13 +39,25 @@ from prefixcache.types import NO_HASH
 _SENTINEL_HASHES = (0, -1)
 
 
-def _count_occurrences(block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct IDs and how often each occurs, skipping the sort when all are distinct."""
-    if len(block_ids) < 2:
-        return block_ids, np.ones(len(block_ids), dtype=np.int32)
-    ordered = np.sort(block_ids)
-    if (ordered[1:] != ordered[:-1]).all():
-        return block_ids, np.ones(len(block_ids), dtype=np.int32)
+_SMALL_BATCH = 256  # below this a Python set finds duplicates faster than a sort
+
+
+def _count_occurrences(block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Distinct IDs and how often each occurs; counts are None when all are distinct.
+
+    The common batch has no duplicates, and every caller has a cheaper path
+    for "one each" than for an array of ones.
+    """
+    size = len(block_ids)
+    if size < 2:
+        return block_ids, None
+    if size <= _SMALL_BATCH:
+        if len(set(block_ids.tolist())) == size:
+            return block_ids, None
+    else:
+        ordered = np.sort(block_ids)
+        if not np.count_nonzero(ordered[1:] == ordered[:-1]):
+            return block_ids, None
     unique, counts = np.unique(block_ids, return_counts=True)
     return unique, counts.astype(np.int32)
 
@@ -128,8 +140,10 @@ class KVBlockAllocator:
         # Per-block host state, indexed by block ID, changed only by this class.
         self._active_refs = np.zeros(size, dtype=np.int32)  # references of running requests
         self._paused_refs = np.zeros(size, dtype=np.int32)  # references of paused requests
-        self._last_access = np.zeros(size, dtype=np.int64)  # clock of the last hand-out/touch
-        self._num_accesses = np.zeros(size, dtype=np.int32)  # hand-outs since allocated
+        # Of registered blocks: clock of the registration or last hit/touch, and hand-outs
+        # since registration (stale on unregistered blocks: allocation skips them).
+        self._last_access = np.zeros(size, dtype=np.int64)
+        self._num_accesses = np.zeros(size, dtype=np.int32)
         # Pending releases of open free groups: references queued per block.
         self._pending_releases = np.zeros(size, dtype=np.int32)
         self._pending_chunks: list[np.ndarray] = []
@@ -195,12 +209,11 @@ class KVBlockAllocator:
         if shortfall > 0:
             self._evict(shortfall)
         block_ids = self.pool.acquire(num_blocks)
+        index = block_ids.astype(np.intp)
         self._clock += 1
-        self._active_refs[block_ids] = 1
-        self._last_access[block_ids] = self._clock
-        self._num_accesses[block_ids] = 1
+        self._active_refs[index] = 1
         if self.routing is not None:
-            self.routing.clear(block_ids)
+            self.routing.clear(index)
         self._num_active += num_blocks
         self._num_allocated += num_blocks
         return to_tensor(block_ids)
@@ -233,8 +246,9 @@ class KVBlockAllocator:
             return
         unique, counts = _count_occurrences(ids)
         refs = self._paused_refs if paused else self._active_refs
-        self._check_reference_counts(unique, counts, refs, "paused" if paused else "active")
-        self._drop_references(unique, counts, refs)
+        held = refs[unique]
+        self._check_reference_counts(unique, counts, held, "paused" if paused else "active")
+        self._drop_references(unique, counts, held, paused=paused)
 
     @contextmanager
     def free_group(self) -> Iterator[None]:
@@ -263,14 +277,8 @@ class KVBlockAllocator:
     def _queue_release(self, ids: np.ndarray) -> None:
         unique, counts = _count_occurrences(ids)
         available = self._active_refs[unique] - self._pending_releases[unique]
-        short = available < counts
-        if short.any():
-            block_id = int(unique[short][0])
-            raise ReferenceCountError(
-                f"block {block_id}: releasing {int(counts[short][0])} reference(s) but only "
-                f"{int(available[short][0])} active reference(s) remain after queued releases"
-            )
-        self._pending_releases[unique] += counts
+        self._check_reference_counts(unique, counts, available, "active (after queued releases)")
+        self._pending_releases[unique] += 1 if counts is None else counts
         self._pending_chunks.append(unique.copy())  # the caller may reuse its tensor
 
     def _flush_releases(self) -> None:
@@ -280,49 +288,59 @@ class KVBlockAllocator:
         counts = self._pending_releases[touched].copy()
         self._pending_releases[touched] = 0
         self._pending_chunks.clear()
-        self._drop_references(touched, counts, self._active_refs)
+        self._drop_references(touched, counts, self._active_refs[touched], paused=False)
 
     def _check_reference_counts(
-        self, unique: np.ndarray, counts: np.ndarray, refs: np.ndarray, partition: str
+        self, unique: np.ndarray, counts: np.ndarray | None, held: np.ndarray, partition: str
     ) -> None:
-        held = refs[unique]
-        short = held < counts
-        if short.any():
-            block_id = int(unique[short][0])
-            state = self._describe_state(block_id)
+        """Refuse to drop more references than ``held`` (the counts of ``unique``)."""
+        short = held == 0 if counts is None else held < counts
+        if np.count_nonzero(short):
+            position = int(np.flatnonzero(short)[0])
+            block_id = int(unique[position])
+            asked = 1 if counts is None else int(counts[position])
             raise ReferenceCountError(
-                f"block {block_id} ({state}) holds {int(held[short][0])} {partition} "
-                f"reference(s); asked to drop {int(counts[short][0])}"
+                f"block {block_id} ({self._describe_state(block_id)}) holds "
+                f"{int(held[position])} {partition} reference(s); asked to drop {asked}"
             )
 
-    def _drop_references(self, unique: np.ndarray, counts: np.ndarray, refs: np.ndarray) -> None:
-        """Commit a validated release of ``counts`` references of ``unique`` from ``refs``."""
-        num_active, num_paused = self._tally_states(unique)
-        refs[unique] -= counts
-        after_active, after_paused = self._tally_states(unique)
-        self._num_active += after_active - num_active
-        self._num_paused += after_paused - num_paused
-        self._num_released += int(counts.sum())
-        unreferenced = unique[(self._active_refs[unique] == 0) & (self._paused_refs[unique] == 0)]
+    def _drop_references(
+        self, unique: np.ndarray, counts: np.ndarray | None, held: np.ndarray, *, paused: bool
+    ) -> None:
+        """Commit a validated release of ``counts`` references of distinct ``unique``.
+
+        ``held`` are the blocks' references in the released partition before
+        the call. Only blocks whose count in that partition reaches zero can
+        change state, so the rest costs nothing beyond the subtraction.
+        """
+        remaining = held - (1 if counts is None else counts)
+        (self._paused_refs if paused else self._active_refs)[unique] = remaining
+        self._num_released += len(unique) if counts is None else int(counts.sum())
+        emptied = unique[remaining == 0]
+        if not len(emptied):
+            return
+        other = (self._active_refs if paused else self._paused_refs)[emptied]
+        still_held = np.count_nonzero(other)
+        if paused:  # still-active blocks do not change state; the rest were paused
+            self._num_paused -= len(emptied) - still_held
+        else:  # blocks with paused references become paused
+            self._num_active -= len(emptied)
+            self._num_paused += still_held
+        unreferenced = emptied[other == 0] if still_held else emptied
         if len(unreferenced):
             self._on_unreferenced(unreferenced)
-
-    def _tally_states(self, unique: np.ndarray) -> tuple[int, int]:
-        """(active, paused) block counts among distinct ``unique``."""
-        active = self._active_refs[unique] > 0
-        paused = ~active & (self._paused_refs[unique] > 0)
-        return int(np.count_nonzero(active)), int(np.count_nonzero(paused))
 
     def _on_unreferenced(self, block_ids: np.ndarray) -> None:
         """Blocks that just lost their last reference become cached or free."""
         hashed = self.registry.is_registered[block_ids]
-        unhashed = block_ids[~hashed]
+        num_hashed = np.count_nonzero(hashed)
+        unhashed = block_ids[~hashed] if num_hashed else block_ids
         if self.routing is not None:
             self.routing.clear(unhashed)
         self.pool.release(unhashed)
-        cached = block_ids[hashed]
-        if not len(cached):
+        if not num_hashed:
             return
+        cached = block_ids[hashed]
         self._num_cached += len(cached)
         if self.policy.retains_unreferenced:
             leaves = cached[self.registry.num_children[cached] == 0]
@@ -496,18 +514,25 @@ class KVBlockAllocator:
             )
         self._take_references(unique, counts)
 
-    def _take_references(self, unique: np.ndarray, counts: np.ndarray) -> None:
-        """Commit ``counts`` new active references on validated distinct blocks."""
-        was_cached = (self._active_refs[unique] == 0) & (self._paused_refs[unique] == 0)
-        num_active, num_paused = self._tally_states(unique)
-        self._active_refs[unique] += counts
+    def _take_references(self, unique: np.ndarray, counts: np.ndarray | None) -> None:
+        """Commit new active references (one each if ``counts`` is None) on distinct blocks."""
+        delta = 1 if counts is None else counts
+        active = self._active_refs[unique]
+        inactive = active == 0
+        num_activated = np.count_nonzero(inactive)
+        self._active_refs[unique] = active + delta
         self._clock += 1
         self._last_access[unique] = self._clock
-        self._num_accesses[unique] += counts
-        cached = unique[was_cached]
+        self._num_accesses[unique] += delta
+        if not num_activated:
+            return
+        activated = unique if num_activated == len(unique) else unique[inactive]
+        paused = self._paused_refs[activated]
+        num_from_paused = np.count_nonzero(paused)
+        cached = activated[paused == 0] if num_from_paused else activated
+        self._num_active += int(num_activated)
+        self._num_paused -= int(num_from_paused)
         self._num_cached -= len(cached)
-        self._num_active += len(unique) - num_active
-        self._num_paused -= num_paused
         if len(cached) and self.policy.retains_unreferenced:
             for block_id in cached[self.registry.num_children[cached] == 0].tolist():
                 self.policy.discard(block_id)
@@ -653,6 +678,9 @@ class KVBlockAllocator:
             and self.policy.retains_unreferenced
         )
         self.registry.register(block_id, block_hash, parent_id)
+        # A block's cache life starts here: allocation leaves these untouched.
+        self._last_access[block_id] = self._clock
+        self._num_accesses[block_id] = 1
         if parent_was_tracked_leaf:
             self.policy.discard(parent_id)
 
@@ -700,18 +728,16 @@ class KVBlockAllocator:
         if ids.size == 0:
             return
         unique, counts = _count_occurrences(ids)
-        source, target = (
-            (self._active_refs, self._paused_refs)
-            if to_paused
-            else (self._paused_refs, self._active_refs)
-        )
+        delta = 1 if counts is None else counts
+        active, paused = self._active_refs[unique], self._paused_refs[unique]
         # Inside a free group, queued releases are no longer the caller's to pause.
-        held = source - self._pending_releases if to_paused else source
+        held = active - self._pending_releases[unique] if to_paused else paused
         self._check_reference_counts(unique, counts, held, "active" if to_paused else "paused")
-        num_active, num_paused = self._tally_states(unique)
-        after_active = self._active_refs[unique] + (-counts if to_paused else counts)
-        after_paused = self._paused_refs[unique] + (counts if to_paused else -counts)
-        new_active = int(np.count_nonzero(after_active > 0))
+        num_active = int(np.count_nonzero(active))
+        num_paused = int(np.count_nonzero((active == 0) & (paused > 0)))
+        after_active = active - delta if to_paused else active + delta
+        after_paused = paused + delta if to_paused else paused - delta
+        new_active = int(np.count_nonzero(after_active))
         new_paused = int(np.count_nonzero((after_active == 0) & (after_paused > 0)))
         total_active = self._num_active + new_active - num_active
         total_paused = self._num_paused + new_paused - num_paused
@@ -724,8 +750,8 @@ class KVBlockAllocator:
             raise BudgetExceededError(
                 f"resuming would hold {total_active} active blocks; budget is {self.active_count}"
             )
-        source[unique] -= counts
-        target[unique] += counts
+        self._active_refs[unique] = after_active
+        self._paused_refs[unique] = after_paused
         self._num_active, self._num_paused = total_active, total_paused
 
     def reference_counts(self, block_ids: BlockIdsLike) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,11 @@ from prefixcache.errors import InvalidBlockIdError, InvalidTensorError
 BlockIdsLike = torch.Tensor | np.ndarray | Sequence[int]
 """What the public API accepts wherever it takes block IDs."""
 
-EMPTY_IDS = np.empty(0, dtype=np.int32)
+EMPTY_IDS = np.empty(0, dtype=np.intp)
+
+_TORCH_INTEGER_DTYPES = frozenset(
+    {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32}
+)
 
 
 def to_int_array(values: BlockIdsLike, what: str) -> np.ndarray:
@@ -30,13 +34,13 @@ def to_int_array(values: BlockIdsLike, what: str) -> np.ndarray:
         InvalidTensorError: not 1-D, not an integer dtype, or a non-CPU tensor.
     """
     if isinstance(values, torch.Tensor):
-        if values.device.type != "cpu":
+        if not values.is_cpu:
             raise InvalidTensorError(
                 f"{what} must be a CPU tensor (host IDs), got device {values.device}"
             )
-        if values.dtype in (torch.bool,) or values.is_floating_point() or values.is_complex():
+        if values.dtype not in _TORCH_INTEGER_DTYPES:
             raise InvalidTensorError(f"{what} must have an integer dtype, got {values.dtype}")
-        array = values.detach().numpy()
+        array = values.numpy()  # integer tensors never require grad
     elif isinstance(values, np.ndarray):
         array = values
     elif isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
@@ -58,10 +62,14 @@ def to_int_array(values: BlockIdsLike, what: str) -> np.ndarray:
 
 
 def to_block_ids(values: BlockIdsLike, num_usable: int, what: str = "block_ids") -> np.ndarray:
-    """Validate ``values`` as IDs of usable blocks and return them as int32.
+    """Validate ``values`` as IDs of usable blocks and return them as an intp array.
 
-    The dummy block has the ID ``num_usable`` (the last one), so one range
-    check rejects it along with every out-of-range ID.
+    intp because numpy indexes with it directly: fancy indexing with int32
+    IDs converts them on every use (several times slower on the hot paths,
+    see ``benchmarks/bench_core.py``). The dummy block has the ID
+    ``num_usable`` (the last one), so one range check rejects it along with
+    every out-of-range ID; viewing the IDs as unsigned folds the negative
+    ones into that same check.
 
     Raises:
         InvalidTensorError: see :func:`to_int_array`.
@@ -70,15 +78,20 @@ def to_block_ids(values: BlockIdsLike, num_usable: int, what: str = "block_ids")
     array = to_int_array(values, what)
     if array.size == 0:
         return EMPTY_IDS
-    low, high = int(array.min()), int(array.max())
-    if low < 0 or high >= num_usable:
+    if array.dtype.kind == "u" and array.itemsize == 8 and np.count_nonzero(array >> 62):
+        raise InvalidBlockIdError(
+            f"{what} holds block {int(array.max())}, outside [0, {num_usable})"
+        )
+    ids = array.astype(np.intp, copy=False)
+    if np.count_nonzero(ids.view(np.uintp) >= num_usable):
+        low, high = int(ids.min()), int(ids.max())
         bad = low if low < 0 else high
         if bad == num_usable:
             raise InvalidBlockIdError(
                 f"{what} names the dummy block {bad}, which is never handed out"
             )
         raise InvalidBlockIdError(f"{what} holds block {bad}, outside [0, {num_usable})")
-    return array.astype(np.int32, copy=False)
+    return ids
 
 
 def to_tensor(ids: np.ndarray) -> torch.Tensor:
