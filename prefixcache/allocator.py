@@ -582,9 +582,9 @@ class KVBlockAllocator:
         hashes = self._hash_list(block_hashes, "block_hashes")
         if len(hashes) != len(ids):
             raise InvalidArgumentError(f"{len(ids)} block IDs but {len(hashes)} hashes")
-        for block_hash in hashes:
-            if block_hash in _SENTINEL_HASHES:
-                raise InvalidArgumentError(f"hash {block_hash} is a reserved sentinel")
+        for sentinel in _SENTINEL_HASHES:
+            if sentinel in hashes:
+                raise InvalidArgumentError(f"hash {sentinel} is a reserved sentinel")
         tokens = self._event_tokens(token_ids, len(ids))
         checks = self._fingerprint_list(fingerprints, len(hashes))
         if lora_name is not None and not isinstance(lora_name, str):
@@ -599,13 +599,18 @@ class KVBlockAllocator:
                 "register blocks while a request holds them"
             )
         id_list = ids.tolist()
-        self._check_hash_assignment(id_list, hashes)
         parent_id = ROOT
         if parent_hash is not None:
             holder = self.registry.block_of(parent_hash)
             if holder is None:
                 raise HashConflictError(f"parent hash {parent_hash} is not registered")
             parent_id = holder
+        if self._is_fresh_chain(ids, id_list, hashes):
+            self._register_fresh_chain(ids, id_list, hashes, parent_id, checks)
+            if self.events is not None:
+                self._record_stored_runs([(0, hashes)], hashes, parent_hash, tokens, lora_name)
+            return torch.ones(len(id_list), dtype=torch.bool)
+        self._check_hash_assignment(id_list, hashes)
         registered = np.zeros(len(id_list), dtype=bool)
         stored_runs: list[tuple[int, list[int]]] = []  # (first index, new hashes) per run
         for index, (block_id, block_hash) in enumerate(zip(id_list, hashes, strict=True)):
@@ -655,6 +660,43 @@ class KVBlockAllocator:
                 run_tokens = tokens[first * size : (first + len(run)) * size]
             self.events.record_stored(run, parent, run_tokens, lora_name)
 
+    def _is_fresh_chain(self, ids: np.ndarray, id_list: list[int], hashes: list[int]) -> bool:
+        """Distinct unregistered blocks and hashes nobody holds: the common registration."""
+        held = self.registry.block_of
+        return (
+            not np.count_nonzero(self.registry.is_registered[ids])
+            and len(set(id_list)) == len(id_list)
+            and all(held(block_hash) is None for block_hash in hashes)
+        )
+
+    def _register_fresh_chain(
+        self,
+        ids: np.ndarray,
+        id_list: list[int],
+        hashes: list[int],
+        parent_id: int,
+        checks: list[int] | None,
+    ) -> None:
+        parent_was_tracked_leaf = self._is_tracked_leaf(parent_id)
+        self.registry.register_chain(ids, id_list, hashes, parent_id)
+        self._last_access[ids] = self._clock
+        self._num_accesses[ids] = 1
+        if checks is not None:
+            for block_id, check in zip(id_list, checks, strict=True):
+                self._fingerprint_of_block[block_id] = check
+        if parent_was_tracked_leaf:
+            self.policy.discard(parent_id)
+
+    def _is_tracked_leaf(self, block_id: int) -> bool:
+        """Whether ``block_id`` is a cached leaf, i.e. tracked by the policy."""
+        return (
+            block_id != ROOT
+            and self.policy.retains_unreferenced
+            and self.registry.num_children[block_id] == 0
+            and self._active_refs[block_id] == 0
+            and self._paused_refs[block_id] == 0
+        )
+
     def _check_hash_assignment(self, id_list: list[int], hashes: list[int]) -> None:
         assigned: dict[int, int] = {}
         for block_id, block_hash in zip(id_list, hashes, strict=True):
@@ -670,13 +712,7 @@ class KVBlockAllocator:
                 )
 
     def _register_one(self, block_id: int, block_hash: int, parent_id: int) -> None:
-        parent_was_tracked_leaf = (
-            parent_id != ROOT
-            and self.registry.num_children[parent_id] == 0
-            and self._active_refs[parent_id] == 0
-            and self._paused_refs[parent_id] == 0
-            and self.policy.retains_unreferenced
-        )
+        parent_was_tracked_leaf = self._is_tracked_leaf(parent_id)
         self.registry.register(block_id, block_hash, parent_id)
         # A block's cache life starts here: allocation leaves these untouched.
         self._last_access[block_id] = self._clock
@@ -694,6 +730,8 @@ class KVBlockAllocator:
                 f"got {type(block_hashes).__name__}"
             )
         hashes = list(block_hashes)
+        if set(map(type, hashes)) <= {int}:  # the common case, checked at C speed
+            return hashes
         for block_hash in hashes:
             if isinstance(block_hash, bool) or not isinstance(block_hash, (int, np.integer)):
                 raise InvalidTensorError(f"{what} must contain only ints, got {block_hash!r}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,19 +55,31 @@ class HashRegistry:
         """The hash ``block_id`` carries, or ``NO_HASH``. Complexity: O(1)."""
         return self._hash_of_block[block_id]
 
-    def match(self, block_hashes: Iterable[int]) -> list[int]:
+    def match(self, block_hashes: Sequence[int]) -> list[int]:
         """Blocks holding the longest registered prefix of ``block_hashes``.
 
-        Complexity: O(matched blocks + 1) dict lookups.
+        The registered hashes of one chain are prefix-closed (a hash is
+        registered only under its parent), so a binary search finds where the
+        match ends; the matched blocks are then looked up in one C-level
+        ``map``. A collision could break prefix-closure, so the result is
+        still cut at the first hash with no block.
+
+        Complexity: O(log n) probes plus O(matched) lookups.
         """
         lookup = self._block_of_hash.get
-        matched: list[int] = []
-        for block_hash in block_hashes:
-            block_id = lookup(block_hash)
-            if block_id is None:
-                break
-            matched.append(block_id)
-        return matched
+        low, high = 0, len(block_hashes)
+        if high and lookup(block_hashes[high - 1]) is not None:
+            low = high
+        while low < high:
+            middle = (low + high) // 2
+            if lookup(block_hashes[middle]) is None:
+                high = middle
+            else:
+                low = middle + 1
+        matched = list(map(lookup, block_hashes[:low]))
+        if None in matched:
+            del matched[matched.index(None) :]
+        return matched  # type: ignore[return-value]
 
     def children_of(self, block_id: int) -> Sequence[int]:
         """Registered children of ``block_id`` (a copy). Complexity: O(children)."""
@@ -91,6 +103,36 @@ class HashRegistry:
             self.depth_of[block_id] = self.depth_of[parent_id] + 1
             self.num_children[parent_id] += 1
             self._children.setdefault(parent_id, set()).add(block_id)
+
+    def register_chain(
+        self, block_ids: np.ndarray, id_list: list[int], block_hashes: list[int], parent_id: int
+    ) -> None:
+        """Register a fresh chain at once: ``block_ids[i]`` under ``block_hashes[i]``.
+
+        Each block is the parent of the next; the first hangs under
+        ``parent_id``. Preconditions (checked by the allocator): the blocks
+        are distinct and unregistered, the hashes free, the parent registered
+        or ``ROOT``. Equivalent to calling :meth:`register` in order.
+
+        Complexity: O(k), per-block numpy writes vectorised.
+        """
+        count = len(id_list)
+        self._block_of_hash.update(zip(block_hashes, id_list, strict=True))
+        hash_of_block = self._hash_of_block
+        for block_id, block_hash in zip(id_list, block_hashes, strict=True):
+            hash_of_block[block_id] = block_hash
+        parents = [parent_id, *id_list[:-1]]
+        self.is_registered[block_ids] = True
+        self.parent_of[block_ids] = parents
+        first_depth = 0 if parent_id == ROOT else int(self.depth_of[parent_id]) + 1
+        self.depth_of[block_ids] = np.arange(first_depth, first_depth + count)
+        self.num_children[block_ids[:-1]] += 1
+        children = self._children
+        for parent, child in zip(parents[1:], id_list[1:], strict=True):
+            children[parent] = {child}
+        if parent_id != ROOT:
+            self.num_children[parent_id] += 1
+            children.setdefault(parent_id, set()).add(id_list[0])
 
     def deregister_leaf(self, block_id: int) -> int:
         """Forget the hash of ``block_id``, which must have no registered child.
