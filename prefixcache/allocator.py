@@ -941,31 +941,32 @@ class KVBlockAllocator:
         the next slot, so the order never depends on how many are evicted.
         """
         freed: list[int] = []
+        pick = self.policy.evict
         while len(freed) < num_blocks:
-            victims = self.policy.evict(1)
+            victims = pick(1)
             if victims:
-                self._check_victims(victims)
-                self._evict_leaf(victims[0])
-                freed.append(victims[0])
+                block_id = victims[0]
+                if len(victims) != 1 or not self._is_cached_leaf(block_id):
+                    raise InvariantError(
+                        f"policy {type(self.policy).__name__} chose {victims}, "
+                        "not one cached leaf"
+                    )
+                self._evict_leaf(block_id)
+                freed.append(block_id)
             else:
                 freed.extend(self._drop_subtree(self._deepest_pinned_cached_block()))
         self._free_dropped(freed)
         self._num_evicted += len(freed)
 
-    def _check_victims(self, victims: list[int]) -> None:
-        block_id = victims[0]
-        ok = (
-            len(victims) == 1
-            and 0 <= block_id < self.num_usable
+    def _is_cached_leaf(self, block_id: int) -> bool:
+        """Registered, childless and unreferenced: what the policy may evict."""
+        return (
+            0 <= block_id < self.num_usable
+            and not self.registry.num_children[block_id]
             and self.registry.is_registered[block_id]
-            and self.registry.num_children[block_id] == 0
-            and self._active_refs[block_id] == 0
-            and self._paused_refs[block_id] == 0
+            and not self._active_refs[block_id]
+            and not self._paused_refs[block_id]
         )
-        if not ok:
-            raise InvariantError(
-                f"policy {type(self.policy).__name__} chose non-leaf victims {victims}"
-            )
 
     def _deregister(self, block_id: int) -> int:
         """Forget a childless block's hash (noting it for events); return its parent."""
@@ -976,12 +977,7 @@ class KVBlockAllocator:
     def _evict_leaf(self, block_id: int) -> None:
         parent_id = self._deregister(block_id)
         self._num_cached -= 1
-        if (
-            parent_id != ROOT
-            and self.registry.num_children[parent_id] == 0
-            and self._active_refs[parent_id] == 0
-            and self._paused_refs[parent_id] == 0
-        ):
+        if parent_id != ROOT and self._is_cached_leaf(parent_id):
             self._insert_leaf(parent_id)
 
     def _deepest_pinned_cached_block(self) -> int:

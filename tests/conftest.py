@@ -68,7 +68,7 @@ def state_digest(allocator: KVBlockAllocator) -> tuple[Any, ...]:
         registry.depth_of.tolist(),
         len(policy),
         [block_id for block_id in range(allocator.total_count) if block_id in policy],
-        list(policy._order) if isinstance(policy, LRUPolicy) else None,
+        policy.eviction_order() if isinstance(policy, LRUPolicy) else None,
         None if routing is None else routing._written.tolist(),
         None if routing is None else routing._data.tobytes(),
     )
