@@ -948,8 +948,7 @@ class KVBlockAllocator:
                 block_id = victims[0]
                 if len(victims) != 1 or not self._is_cached_leaf(block_id):
                     raise InvariantError(
-                        f"policy {type(self.policy).__name__} chose {victims}, "
-                        "not one cached leaf"
+                        f"policy {type(self.policy).__name__} chose {victims}, not one cached leaf"
                     )
                 self._evict_leaf(block_id)
                 freed.append(block_id)
@@ -1243,6 +1242,7 @@ class KVBlockAllocator:
             num_evicted_blocks=self._num_evicted,
             num_dropped_blocks=self._num_dropped,
             num_rejected_hits=self._num_rejected,
+            num_dropped_events=0 if self.events is None else self.events.num_dropped,
             clock=self._clock,
         )
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import policies
+from prefixcache.cluster import add_cluster_arguments, cluster_main
 from prefixcache.errors import InvalidArgumentError, PrefixCacheError
 from prefixcache.replay import (
     OPTIMUM_POLICY,
@@ -102,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replay through the dynamic-batching loop of prefixcache.sim",
     )
+    add_cluster_arguments(many)
     many.set_defaults(handler=_run_compare)
     return parser
 
@@ -162,6 +164,8 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
+    if args.workers is not None:
+        return cluster_main(args)  # the router table over simulated workers
     names = args.policies if args.policies is not None else tuple(policies.available())
     names = (*(name for name in names if name != OPTIMUM_POLICY), OPTIMUM_POLICY)
     if args.concurrency and not _has_sim():

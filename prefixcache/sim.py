@@ -194,6 +194,7 @@ class SimConfig:
         step_token_budget: tokens computed per step, decodes first, then prefill chunks.
         device: where the allocator's and block table's device mirrors live.
         verify: write reference K/V and check every prefix hit against it.
+        kv_events_capacity: passed to the allocator (0: no KV cache events).
     """
 
     total_count: int = 1024
@@ -205,6 +206,7 @@ class SimConfig:
     step_token_budget: int = 2048
     device: str | None = "cpu"
     verify: bool = False
+    kv_events_capacity: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -363,6 +365,7 @@ class DynamicBatchingSim:
                 block_size_tokens=config.block_size,
                 eviction_policy=config.eviction_policy,
                 device=config.device,
+                kv_events_capacity=config.kv_events_capacity,
             )
         )
         self.block_table = BlockTable.for_allocator(

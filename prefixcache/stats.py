@@ -17,6 +17,8 @@ class AllocatorStats:
     at their last release because the policy retains nothing (ref-zero).
     ``num_rejected_hits`` counts matches cut short because a block's hash
     matched but its verification fingerprint did not (a hash collision).
+    ``num_dropped_events`` counts KV cache events lost to a full event queue:
+    a consumer that sees it grow should resynchronise from ``snapshot()``.
     """
 
     total_count: int
@@ -33,6 +35,7 @@ class AllocatorStats:
     num_evicted_blocks: int
     num_dropped_blocks: int
     num_rejected_hits: int
+    num_dropped_events: int
     clock: int
 
     @property
