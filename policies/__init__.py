@@ -1,10 +1,14 @@
 """Eviction policies for prefixcache, looked up by name.
 
-Built-in names: ``"lru"``, ``"ref_zero"`` and ``"belady"`` (the offline
-optimum, for trace replay only: it needs to know the future). A third-party
-package adds its
-own either at run time with :func:`register` or, without any import, through
-the ``prefixcache.policies`` entry-point group::
+Built-in names: ``"lru"`` (the default), ``"fifo"``, ``"lfu"`` (with
+dynamic ageing), ``"slru"`` (segmented LRU), ``"s3fifo"`` (small/main FIFO
+queues with a ghost list), ``"reuse_lru"`` (LRU with a bonus for reused
+prefixes, counts kept across evictions), ``"priority"`` (retention
+priorities per prefix with expiry), ``"ref_zero"`` (keeps nothing
+unreferenced) and ``"belady"`` (the offline optimum, for trace replay only:
+it needs to know the future). A third-party package adds its own either at
+run time with :func:`register` or, without any import, through the
+``prefixcache.policies`` entry-point group::
 
     [project.entry-points."prefixcache.policies"]
     my_policy = "my_package.my_module:MyPolicy"
@@ -22,15 +26,27 @@ from typing import Any, TypeVar
 
 from policies.base import EvictionPolicy, SupportsRetention, UnknownPolicyError
 from policies.belady import BeladyPolicy
+from policies.fifo import FIFOPolicy
+from policies.lfu import LFUPolicy
 from policies.lru import LRUPolicy
+from policies.priority import PriorityPolicy
 from policies.ref_zero import RefZeroPolicy
+from policies.reuse_lru import ReuseLRUPolicy
+from policies.s3fifo import S3FIFOPolicy
+from policies.slru import SLRUPolicy
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "BeladyPolicy",
     "EvictionPolicy",
+    "FIFOPolicy",
+    "LFUPolicy",
     "LRUPolicy",
+    "PriorityPolicy",
     "RefZeroPolicy",
+    "ReuseLRUPolicy",
+    "S3FIFOPolicy",
+    "SLRUPolicy",
     "SupportsRetention",
     "UnknownPolicyError",
     "available",
@@ -41,7 +57,17 @@ __all__ = [
 ENTRY_POINT_GROUP = "prefixcache.policies"
 
 _T = TypeVar("_T", bound=type)
-_registry: dict[str, type] = {"belady": BeladyPolicy, "lru": LRUPolicy, "ref_zero": RefZeroPolicy}
+_registry: dict[str, type] = {
+    "belady": BeladyPolicy,
+    "fifo": FIFOPolicy,
+    "lfu": LFUPolicy,
+    "lru": LRUPolicy,
+    "priority": PriorityPolicy,
+    "ref_zero": RefZeroPolicy,
+    "reuse_lru": ReuseLRUPolicy,
+    "s3fifo": S3FIFOPolicy,
+    "slru": SLRUPolicy,
+}
 
 
 def register(name: str) -> Callable[[_T], _T]:

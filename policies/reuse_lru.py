@@ -1,0 +1,158 @@
+"""LRU that lets reused prefixes stay longer, with reuse counts that outlive eviction."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from sortedcontainers import SortedList
+
+
+class ReuseLRUPolicy:
+    """Evicts by last access plus a bonus for blocks reused before; scale-free.
+
+    On prefix traces a block that was reused is several times more likely to
+    be used again than a block computed once (on the shared Mooncake trace
+    about 0.8 against 0.4), but recency still matters: a plain frequency
+    order (LFU, or SLRU that evicts every one-hit block first) loses to LRU
+    there. This policy orders leaves by ``last_access + bonus``, where a block
+    whose prefix was handed out more than once gets ``bonus = reuse_weight x
+    eviction age``. The eviction age is a running mean of how long victims
+    sat since their last access (the cache's characteristic time), so the
+    bonus follows the cache size and the clock rate without tuning: with the
+    default weight of 1, a reused block outlives a one-hit block of the same
+    age by about one cache lifetime.
+
+    What it uses: ``last_access``, ``num_accesses``, and ``block_hash`` to
+    carry the hand-out count across evictions (a bounded history of
+    ``history_capacity`` hashes, most recently evicted kept), because a hot
+    prefix that was evicted once would otherwise come back as a one-hit
+    block. Stays are remembered by block ID while a block is out of the
+    policy for a hit (bounded by the pool), so the history is not counted
+    twice.
+
+    >>> policy = ReuseLRUPolicy(age_smoothing=1.0)
+    >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=1, depth=0)
+    >>> policy.insert(2, block_hash=20, last_access=9, num_accesses=1, depth=0)
+    >>> policy.evict(1)  # block 1 sat 8 ticks: the eviction age is now 8
+    [1]
+    >>> policy.insert(3, block_hash=30, last_access=10, num_accesses=3, depth=0)
+    >>> policy.insert(4, block_hash=40, last_access=12, num_accesses=1, depth=0)
+    >>> policy.evict(2)  # block 3 is older than block 4 but was reused: key 10 + 8
+    [2, 4]
+
+    Args:
+        reuse_weight: bonus of a reused block, in eviction ages (>= 0; 0 is LRU).
+        history_capacity: hashes whose hand-out counts are kept after
+            eviction (>= 0).
+        age_smoothing: weight of the newest victim in the running eviction
+            age, in ``(0, 1]``.
+
+    Raises:
+        ValueError: an argument is out of range.
+
+    Complexity: ``insert``, ``discard`` and ``touch`` O(log n); ``evict(k)``
+    O(k log n). Memory: O(pool size + history_capacity). Not thread-safe.
+    """
+
+    retains_unreferenced = True
+
+    def __init__(
+        self,
+        reuse_weight: float = 1.0,
+        history_capacity: int = 100_000,
+        age_smoothing: float = 0.01,
+    ) -> None:
+        if isinstance(reuse_weight, bool) or not (
+            isinstance(reuse_weight, (int, float)) and reuse_weight >= 0
+        ):
+            raise ValueError(f"reuse_weight must be a number >= 0, got {reuse_weight!r}")
+        if (
+            isinstance(history_capacity, bool)
+            or not isinstance(history_capacity, int)
+            or history_capacity < 0
+        ):
+            raise ValueError(f"history_capacity must be an int >= 0, got {history_capacity!r}")
+        if isinstance(age_smoothing, bool) or not (
+            isinstance(age_smoothing, (int, float)) and 0 < age_smoothing <= 1
+        ):
+            raise ValueError(f"age_smoothing must lie in (0, 1], got {age_smoothing!r}")
+        self._reuse_weight = float(reuse_weight)
+        self._history_capacity = history_capacity
+        self._smoothing = float(age_smoothing)
+        self._eviction_age = 0.0  # running mean of (now - last access) of victims
+        self._now = 0  # the largest clock value seen
+        # (last access + bonus, block ID): the smallest is the next victim.
+        self._order: SortedList = SortedList()
+        self._key_of: dict[int, tuple[float, int]] = {}
+        self._last_access: dict[int, int] = {}  # tracked block ID -> last access
+        # block ID -> (hash, hand-outs last seen, hand-outs of earlier stays), tracked or hit.
+        self._stays: dict[int, tuple[int, int, int]] = {}
+        self._history: OrderedDict[int, int] = OrderedDict()  # evicted hash -> hand-outs
+
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
+        """Track ``block_id`` at its last access, plus the bonus if reused. Complexity: O(log n)."""
+        stay = self._stays.get(block_id)
+        if stay is None or stay[0] != block_hash or stay[1] > num_accesses:
+            earlier = self._history.pop(block_hash, 0)
+        else:
+            earlier = stay[2]
+        self._stays[block_id] = (block_hash, num_accesses, earlier)
+        self._place(block_id, last_access, earlier + num_accesses)
+
+    def _place(self, block_id: int, last_access: int, num_uses: int) -> None:
+        self._now = max(self._now, last_access)
+        bonus = self._reuse_weight * self._eviction_age if num_uses > 1 else 0.0
+        key = (last_access + bonus, block_id)
+        self._key_of[block_id] = key
+        self._last_access[block_id] = last_access
+        self._order.add(key)
+
+    def discard(self, block_id: int) -> None:
+        """Stop tracking ``block_id``; its stay is remembered. Complexity: O(log n).
+
+        Raises:
+            KeyError: ``block_id`` is not tracked.
+        """
+        self._order.remove(self._key_of.pop(block_id))
+        del self._last_access[block_id]
+
+    def touch(self, block_id: int, now: int) -> None:
+        """Record a use at ``now``; the block counts as reused. Complexity: O(log n)."""
+        self._order.remove(self._key_of[block_id])
+        block_hash, num_accesses, earlier = self._stays[block_id]
+        self._stays[block_id] = (block_hash, num_accesses, earlier + 1)
+        self._place(block_id, now, earlier + 1 + num_accesses)
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Remove up to ``num_blocks`` leaves, smallest key first. Complexity: O(k log n)."""
+        victims: list[int] = []
+        while len(victims) < num_blocks and self._order:
+            _, block_id = self._order.pop(0)
+            del self._key_of[block_id]
+            age = self._now - self._last_access.pop(block_id)
+            self._eviction_age += (age - self._eviction_age) * self._smoothing
+            block_hash, num_accesses, earlier = self._stays.pop(block_id)
+            if self._history_capacity:
+                self._history[block_hash] = earlier + num_accesses
+                if len(self._history) > self._history_capacity:
+                    self._history.popitem(last=False)
+            victims.append(block_id)
+        return victims
+
+    def clear(self) -> None:
+        """Forget every tracked leaf, stay and history. Complexity: O(n)."""
+        self._order.clear()
+        self._key_of.clear()
+        self._last_access.clear()
+        self._stays.clear()
+        self._history.clear()
+        self._eviction_age = 0.0
+        self._now = 0
+
+    def __len__(self) -> int:
+        return len(self._key_of)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._key_of
