@@ -11,6 +11,9 @@ from prefixcache.types import NO_HASH
 ROOT = -1
 """Parent value of a block whose hash starts a chain."""
 
+NONE = -1
+"""Link value meaning "no such block" in the child lists."""
+
 
 class HashRegistry:
     """Hash <-> block maps with parent/child links between registered blocks.
@@ -27,6 +30,11 @@ class HashRegistry:
 
     - ``is_registered``: numpy bool, for vectorised checks by the allocator.
     - ``num_children``: numpy int32, number of registered children.
+    - ``_first_child`` / ``_next_sibling`` / ``_prev_sibling``: numpy int32
+      links (``NONE`` where absent) of an intrusive doubly linked list of each
+      block's children: O(1) insert and unlink without a Python object per
+      block (a ``set`` per parent cost about 250 bytes a block,
+      ``benchmarks/bench_core.py --memory``).
     - ``parent_of`` / ``depth_of``: numpy int32, parent block (``ROOT`` for a
       chain's first block) and 0-based position in the chain.
 
@@ -38,7 +46,9 @@ class HashRegistry:
     def __init__(self, num_blocks: int) -> None:
         self._block_of_hash: dict[int, int] = {}
         self._hash_of_block: list[int] = [NO_HASH] * num_blocks
-        self._children: dict[int, set[int]] = {}
+        self._first_child = np.full(num_blocks, NONE, dtype=np.int32)
+        self._next_sibling = np.full(num_blocks, NONE, dtype=np.int32)
+        self._prev_sibling = np.full(num_blocks, NONE, dtype=np.int32)
         self.is_registered = np.zeros(num_blocks, dtype=bool)
         self.num_children = np.zeros(num_blocks, dtype=np.int32)
         self.parent_of = np.full(num_blocks, ROOT, dtype=np.int32)
@@ -83,7 +93,32 @@ class HashRegistry:
 
     def children_of(self, block_id: int) -> Sequence[int]:
         """Registered children of ``block_id`` (a copy). Complexity: O(children)."""
-        return tuple(self._children.get(block_id, ()))
+        children: list[int] = []
+        child = int(self._first_child[block_id])
+        while child != NONE:
+            children.append(child)
+            child = int(self._next_sibling[child])
+        return tuple(children)
+
+    def _link_child(self, parent_id: int, child_id: int) -> None:
+        """Put ``child_id`` at the head of ``parent_id``'s child list. O(1)."""
+        head = int(self._first_child[parent_id])
+        self._next_sibling[child_id] = head
+        self._prev_sibling[child_id] = NONE
+        if head != NONE:
+            self._prev_sibling[head] = child_id
+        self._first_child[parent_id] = child_id
+
+    def _unlink_child(self, parent_id: int, child_id: int) -> None:
+        """Remove ``child_id`` from ``parent_id``'s child list. O(1)."""
+        before, after = int(self._prev_sibling[child_id]), int(self._next_sibling[child_id])
+        if before == NONE:
+            self._first_child[parent_id] = after
+        else:
+            self._next_sibling[before] = after
+        if after != NONE:
+            self._prev_sibling[after] = before
+        self._next_sibling[child_id] = self._prev_sibling[child_id] = NONE
 
     def register(self, block_id: int, block_hash: int, parent_id: int) -> None:
         """Record that ``block_id`` holds ``block_hash`` under ``parent_id``.
@@ -102,7 +137,7 @@ class HashRegistry:
         else:
             self.depth_of[block_id] = self.depth_of[parent_id] + 1
             self.num_children[parent_id] += 1
-            self._children.setdefault(parent_id, set()).add(block_id)
+            self._link_child(parent_id, block_id)
 
     def register_chain(
         self, block_ids: np.ndarray, id_list: list[int], block_hashes: list[int], parent_id: int
@@ -126,13 +161,14 @@ class HashRegistry:
         self.parent_of[block_ids] = parents
         first_depth = 0 if parent_id == ROOT else int(self.depth_of[parent_id]) + 1
         self.depth_of[block_ids] = np.arange(first_depth, first_depth + count)
+        # Inside the chain each block is its parent's only child.
         self.num_children[block_ids[:-1]] += 1
-        children = self._children
-        for parent, child in zip(parents[1:], id_list[1:], strict=True):
-            children[parent] = {child}
+        self._first_child[block_ids[:-1]] = block_ids[1:]
+        self._next_sibling[block_ids[1:]] = NONE
+        self._prev_sibling[block_ids[1:]] = NONE
         if parent_id != ROOT:
             self.num_children[parent_id] += 1
-            children.setdefault(parent_id, set()).add(id_list[0])
+            self._link_child(parent_id, id_list[0])
 
     def deregister_leaf(self, block_id: int) -> int:
         """Forget the hash of ``block_id``, which must have no registered child.
@@ -149,17 +185,16 @@ class HashRegistry:
         self.parent_of[block_id] = ROOT
         if parent_id != ROOT:
             self.num_children[parent_id] -= 1
-            siblings = self._children[parent_id]
-            siblings.discard(block_id)
-            if not siblings:
-                del self._children[parent_id]
+            self._unlink_child(parent_id, block_id)
         return parent_id
 
     def clear(self) -> None:
         """Forget everything. Complexity: O(num_blocks)."""
         self._block_of_hash.clear()
         self._hash_of_block[:] = [NO_HASH] * len(self._hash_of_block)
-        self._children.clear()
+        self._first_child[:] = NONE
+        self._next_sibling[:] = NONE
+        self._prev_sibling[:] = NONE
         self.is_registered[:] = False
         self.num_children[:] = 0
         self.parent_of[:] = ROOT
@@ -193,12 +228,30 @@ class HashRegistry:
                 problems.append(
                     f"block {block_id} is registered under unregistered parent {parent_id}"
                 )
-            if block_id not in self._children.get(parent_id, ()):
-                problems.append(f"block {block_id} missing from its parent {parent_id}'s children")
             counted[parent_id] += 1
         if not np.array_equal(counted, self.num_children):
             bad = int(np.flatnonzero(counted != self.num_children)[0])
             problems.append(
                 f"block {bad} counts {self.num_children[bad]} children, {counted[bad]} registered"
             )
+        problems.extend(self._check_child_lists(counted))
+        return problems
+
+    def _check_child_lists(self, expected: np.ndarray) -> list[str]:
+        """Each child list holds exactly the registered children, with consistent links."""
+        problems: list[str] = []
+        for parent_id in np.flatnonzero((self._first_child != NONE) | (expected > 0)).tolist():
+            seen, previous = 0, NONE
+            child = int(self._first_child[parent_id])
+            while child != NONE and seen <= expected[parent_id]:
+                if int(self.parent_of[child]) != parent_id or not self.is_registered[child]:
+                    problems.append(f"block {child} is listed as a child of {parent_id}")
+                if int(self._prev_sibling[child]) != previous:
+                    problems.append(f"block {child} has a broken back link")
+                seen, previous = seen + 1, child
+                child = int(self._next_sibling[child])
+            if seen != expected[parent_id]:
+                problems.append(
+                    f"block {parent_id} lists {seen} children, {expected[parent_id]} registered"
+                )
         return problems
