@@ -2,7 +2,9 @@
 
 Built-in names: ``"lru"`` (the default), ``"fifo"``, ``"lfu"`` (with
 dynamic ageing), ``"slru"`` (segmented LRU), ``"s3fifo"`` (small/main FIFO
-queues with a ghost list), ``"reuse_lru"`` (LRU with a bonus for reused
+queues with a ghost list), ``"arc"`` (adaptive recency/frequency lists with
+ghost lists of hashes), ``"hazard"`` (the learned chance of reuse within a
+few cache lifetimes, per use-count and depth class), ``"reuse_lru"`` (LRU with a bonus for reused
 prefixes, counts kept across evictions), ``"priority"`` (retention
 priorities per prefix with expiry), ``"ref_zero"`` (keeps nothing
 unreferenced) and ``"belady"`` (the offline optimum, for trace replay only:
@@ -24,9 +26,11 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
+from policies.arc import ARCPolicy
 from policies.base import EvictionPolicy, SupportsRetention, UnknownPolicyError
 from policies.belady import BeladyPolicy
 from policies.fifo import FIFOPolicy
+from policies.hazard import HazardPolicy
 from policies.lfu import LFUPolicy
 from policies.lru import LRUPolicy
 from policies.priority import PriorityPolicy
@@ -37,9 +41,11 @@ from policies.slru import SLRUPolicy
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "ARCPolicy",
     "BeladyPolicy",
     "EvictionPolicy",
     "FIFOPolicy",
+    "HazardPolicy",
     "LFUPolicy",
     "LRUPolicy",
     "PriorityPolicy",
@@ -58,8 +64,10 @@ ENTRY_POINT_GROUP = "prefixcache.policies"
 
 _T = TypeVar("_T", bound=type)
 _registry: dict[str, type] = {
+    "arc": ARCPolicy,
     "belady": BeladyPolicy,
     "fifo": FIFOPolicy,
+    "hazard": HazardPolicy,
     "lfu": LFUPolicy,
     "lru": LRUPolicy,
     "priority": PriorityPolicy,

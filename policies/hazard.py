@@ -1,0 +1,314 @@
+"""Eviction by a learned reuse hazard: the chance a leaf is reused within a few cache lifetimes."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+_BINS_PER_OCTAVE = 4  # age histogram resolution: bins grow by 2 ** (1 / 4)
+_NUM_AGE_BINS = 128  # covers idle ages up to 2 ** 32 clock ticks
+_NUM_USE_BUCKETS = 4  # hand-outs 1, 2, 3-4, 5 and more
+_NUM_DEPTH_BUCKETS = 8  # depth 0, 1, 2-3, 4-7, ..., 64 and more
+
+
+def _age_bin(age: float) -> int:
+    return min(int(math.log2(age + 1.0) * _BINS_PER_OCTAVE), _NUM_AGE_BINS - 1)
+
+
+def _class_of(num_uses: int, depth: int) -> int:
+    use_bucket = min((max(num_uses, 1) - 1).bit_length(), _NUM_USE_BUCKETS - 1)
+    return use_bucket * _NUM_DEPTH_BUCKETS + min(depth.bit_length(), _NUM_DEPTH_BUCKETS - 1)
+
+
+@dataclass(slots=True)
+class _Stay:
+    """One block's stay under one hash; kept while the block is out of the policy for a hit.
+
+    Attributes:
+        block_hash: the hash the block holds during this stay.
+        num_accesses: the allocator's hand-out count last seen, to count new hits.
+        num_uses: hand-outs of this hash, earlier stays (remembered by hash) included.
+        depth: position of the block in its chain.
+        last_access: clock of its last use.
+        klass: its class, from ``num_uses`` and ``depth``.
+    """
+
+    block_hash: int
+    num_accesses: int
+    num_uses: int
+    depth: int
+    last_access: int
+    klass: int
+
+
+class HazardPolicy:
+    """Evicts the leaf least likely to be reused within the next cache lifetime.
+
+    Blocks fall into classes by how often their prefix was used (1, 2, 3-4,
+    5+ hand-outs, counted across evictions by hash) and by their depth in the
+    chain (log2 buckets). For each class the policy learns online the
+    distribution of *reuse ages*, the idle time between a use and the next
+    one, from hits on cached leaves and from hashes that come back after
+    eviction (a bounded history of evicted hashes). With ``n`` blocks that
+    entered the class and ``R(a, b)`` reuses seen at ages in ``[a, b)``, a
+    leaf idle for ``a`` ticks scores
+
+        ``R(a, a + W) / (n - R(0, a))``
+
+    the empirical hazard of being reused within ``W`` (``window`` cache
+    lifetimes, a lifetime being the running mean idle age of victims), given
+    it was not reused so far.
+    Blocks that are never reused stay in the denominator, so a class of
+    one-off documents scores near zero while a class of shared prefixes or
+    chat turns whose reuse comes back after a long but regular gap scores
+    high exactly around that gap. The lowest score is evicted, ties going to
+    the oldest leaf. A few pseudo-events of the pooled statistics of all
+    classes smooth a class that has seen little; with no statistics at all
+    the order is LRU.
+
+    The victim is chosen among the oldest leaf of each class (a per-class
+    LRU heap), so the cost per eviction is bounded by the number of classes
+    (32), a constant. Counts decay with a half-life of ``half_life`` events,
+    so the policy follows a workload that changes.
+
+    Mapping to the allocator's protocol: a hit discards the block and its
+    release inserts it again with a larger hand-out count; the policy
+    remembers the stay by block ID (bounded by the pool) and records the
+    reuse at the age since the previous access. What it uses:
+    ``last_access``, ``num_accesses``, ``depth`` and ``block_hash``.
+
+    >>> policy = HazardPolicy()
+    >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=1, depth=0)
+    >>> policy.insert(2, block_hash=20, last_access=2, num_accesses=1, depth=0)
+    >>> policy.evict(1)  # nothing learned yet: LRU
+    [1]
+
+    Args:
+        history_capacity: evicted hashes whose use counts and last access are
+            kept, so a returning prefix is recognised (>= 0).
+        half_life: events (inserts, hits, evictions) after which learned
+            counts weigh half (>= 1).
+        prior_weight: pseudo-events of the pooled statistics added to each
+            class (> 0).
+        age_smoothing: weight of the newest victim in the running cache
+            lifetime, in ``(0, 1]``.
+        window: the horizon ``W`` in cache lifetimes (> 0).
+
+    Raises:
+        ValueError: an argument is out of range.
+
+    Complexity: ``insert``, ``discard`` and ``touch`` O(log n) amortised;
+    ``evict(k)`` O(k (C + log n)) amortised with C = 32 classes; every 256
+    events an O(C x 128) refresh of the score tables. Memory: O(pool size +
+    history_capacity). Not thread-safe.
+    """
+
+    retains_unreferenced = True
+
+    _REFRESH_EVENTS = 256
+
+    def __init__(
+        self,
+        history_capacity: int = 100_000,
+        half_life: int = 200_000,
+        prior_weight: float = 8.0,
+        age_smoothing: float = 0.01,
+        window: float = 4.0,
+    ) -> None:
+        for name, value, minimum in (
+            ("history_capacity", history_capacity, 0),
+            ("half_life", half_life, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        if isinstance(prior_weight, bool) or not (
+            isinstance(prior_weight, (int, float)) and prior_weight > 0
+        ):
+            raise ValueError(f"prior_weight must be a number > 0, got {prior_weight!r}")
+        if isinstance(age_smoothing, bool) or not (
+            isinstance(age_smoothing, (int, float)) and 0 < age_smoothing <= 1
+        ):
+            raise ValueError(f"age_smoothing must lie in (0, 1], got {age_smoothing!r}")
+        if isinstance(window, bool) or not (isinstance(window, (int, float)) and window > 0):
+            raise ValueError(f"window must be a number > 0, got {window!r}")
+        self._history_capacity = history_capacity
+        self._window = float(window)
+        self._decay = 0.5 ** (self._REFRESH_EVENTS / half_life)
+        self._prior_weight = float(prior_weight)
+        self._smoothing = float(age_smoothing)
+        self.clear()
+
+    # -- learning -----------------------------------------------------------------
+
+    def _enter(self, klass: int) -> None:
+        self._entered[klass] += 1.0
+        self._tick()
+
+    def _record_reuse(self, klass: int, age: int) -> None:
+        self._reuses[klass][_age_bin(max(age, 0))] += 1.0
+
+    def _tick(self) -> None:
+        self._events += 1
+        if self._events % self._REFRESH_EVENTS == 0:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        """Decay the counts and rebuild the cumulative reuse tables. O(C x bins)."""
+        total_entered = 0.0
+        pooled = [0.0] * (_NUM_AGE_BINS + 1)
+        for klass, reuses in enumerate(self._reuses):
+            self._entered[klass] *= self._decay
+            total_entered += self._entered[klass]
+            running = 0.0
+            cumulative = self._cumulative[klass]
+            for age_bin in range(_NUM_AGE_BINS):
+                reuses[age_bin] *= self._decay
+                running += reuses[age_bin]
+                cumulative[age_bin + 1] = running
+                pooled[age_bin + 1] += running
+        scale = 1.0 / total_entered if total_entered > 0 else 0.0
+        self._pooled = [value * scale for value in pooled]
+
+    def _score(self, klass: int, age: int) -> float:
+        low = _age_bin(age)
+        high = _age_bin(age + self._window * self._lifetime) + 1
+        cumulative, pooled, weight = self._cumulative[klass], self._pooled, self._prior_weight
+        reused_in_window = (
+            cumulative[high] - cumulative[low] + weight * (pooled[high] - pooled[low])
+        )
+        survivors = self._entered[klass] - cumulative[low] + weight * (1.0 - pooled[low])
+        return reused_in_window / survivors if survivors > 0 else 0.0
+
+    # -- protocol -----------------------------------------------------------------
+
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
+        """Track ``block_id``, learning from a hit or a returning hash. Complexity: O(log n)."""
+        self._now = max(self._now, last_access)
+        stay = self._stays.get(block_id)
+        if stay is not None and stay.block_hash == block_hash and stay.num_accesses <= num_accesses:
+            new_uses = num_accesses - stay.num_accesses
+            if new_uses:
+                self._record_reuse(stay.klass, last_access - stay.last_access)
+                stay.num_uses += new_uses
+                stay.num_accesses = num_accesses
+                stay.klass = _class_of(stay.num_uses, depth)
+                self._enter(stay.klass)
+            stay.last_access = last_access
+        else:
+            num_uses = num_accesses
+            ghost = self._history.pop(block_hash, None)
+            if ghost is not None:
+                earlier_uses, earlier_access, earlier_class = ghost
+                self._record_reuse(earlier_class, last_access - earlier_access)
+                num_uses += earlier_uses
+            klass = _class_of(num_uses, depth)
+            stay = _Stay(block_hash, num_accesses, num_uses, depth, last_access, klass)
+            self._stays[block_id] = stay
+            self._enter(klass)
+        self._push(block_id, stay)
+
+    def _push(self, block_id: int, stay: _Stay) -> None:
+        key = (stay.last_access, -stay.depth, block_id)
+        self._tracked[block_id] = key
+        heapq.heappush(self._heaps[stay.klass], key)
+        self._num_keys += 1
+        if self._num_keys > 2 * len(self._tracked) + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop stale heap keys so memory stays O(tracked leaves). O(n)."""
+        self._heaps = [[] for _ in self._heaps]
+        for block_id, key in self._tracked.items():
+            self._heaps[self._stays[block_id].klass].append(key)
+        for heap in self._heaps:
+            heapq.heapify(heap)
+        self._num_keys = len(self._tracked)
+
+    def discard(self, block_id: int) -> None:
+        """Stop tracking ``block_id``; its stay is remembered. Complexity: O(1) amortised.
+
+        Raises:
+            KeyError: ``block_id`` is not tracked.
+        """
+        del self._tracked[block_id]
+
+    def touch(self, block_id: int, now: int) -> None:
+        """Record a reuse at ``now``. Complexity: O(log n) amortised.
+
+        Raises:
+            KeyError: ``block_id`` is not tracked.
+        """
+        del self._tracked[block_id]
+        stay = self._stays[block_id]
+        self._now = max(self._now, now)
+        self._record_reuse(stay.klass, now - stay.last_access)
+        stay.num_uses += 1
+        stay.last_access = now
+        stay.klass = _class_of(stay.num_uses, stay.depth)
+        self._enter(stay.klass)
+        self._push(block_id, stay)
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Remove up to ``num_blocks`` leaves, lowest hazard first.
+
+        Complexity: O(k (C + log n)) amortised.
+        """
+        victims: list[int] = []
+        while len(victims) < num_blocks and self._tracked:
+            best: tuple[float, tuple[int, int, int], int] | None = None
+            for klass, heap in enumerate(self._heaps):
+                while heap and self._tracked.get(heap[0][2]) != heap[0]:
+                    heapq.heappop(heap)  # a stale key: discarded or moved since
+                    self._num_keys -= 1
+                if heap:
+                    key = heap[0]
+                    candidate = (self._score(klass, self._now - key[0]), key, klass)
+                    if best is None or candidate < best:
+                        best = candidate
+            assert best is not None  # some heap holds a live key while anything is tracked
+            _, key, klass = best
+            heapq.heappop(self._heaps[klass])
+            self._num_keys -= 1
+            victims.append(self._forget(key))
+        return victims
+
+    def _forget(self, key: tuple[int, int, int]) -> int:
+        last_access, _, block_id = key
+        del self._tracked[block_id]
+        stay = self._stays.pop(block_id)
+        age = self._now - last_access
+        self._lifetime += (age - self._lifetime) * self._smoothing
+        if self._history_capacity:
+            self._history[stay.block_hash] = (stay.num_uses, stay.last_access, stay.klass)
+            if len(self._history) > self._history_capacity:
+                self._history.popitem(last=False)
+        self._tick()
+        return block_id
+
+    def clear(self) -> None:
+        """Forget every tracked leaf, stay, history and statistic. Complexity: O(n)."""
+        num_classes = _NUM_USE_BUCKETS * _NUM_DEPTH_BUCKETS
+        self._heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(num_classes)]
+        self._tracked: dict[int, tuple[int, int, int]] = {}  # block ID -> live heap key
+        self._num_keys = 0  # heap entries, stale ones included
+        self._stays: dict[int, _Stay] = {}  # block ID -> stay, tracked or out for a hit
+        # Evicted hash -> (uses, last access, class) of its last stay, oldest first.
+        self._history: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+        self._entered = [0.0] * num_classes  # blocks that entered each class (decayed)
+        self._reuses = [[0.0] * _NUM_AGE_BINS for _ in range(num_classes)]  # by age bin
+        # Refreshed tables: _cumulative[c][b] = reuses of class c at age bins < b.
+        self._cumulative = [[0.0] * (_NUM_AGE_BINS + 1) for _ in range(num_classes)]
+        self._pooled = [0.0] * (_NUM_AGE_BINS + 1)  # the same, all classes, per entered block
+        self._events = 0
+        self._lifetime = 0.0  # running mean idle age of victims: the window W
+        self._now = 0
+
+    def __len__(self) -> int:
+        return len(self._tracked)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._tracked
