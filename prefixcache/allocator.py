@@ -381,11 +381,7 @@ class KVBlockAllocator:
 
         Complexity: O(tokens), one hash call per block.
         """
-        keys: list[object] = []
-        if self.config.hash_salt is not None:
-            keys.append(self.config.hash_salt)
-        if extra_keys is not None:
-            keys.extend(extra_keys)
+        keys = self._chain_keys([], extra_keys)
         algo = self.config.hash_algo
         if callable(algo):
             return algo(tokens, self.block_size_tokens, parent=parent, salt=salt, extra_keys=keys)
@@ -397,6 +393,14 @@ class KVBlockAllocator:
             extra_keys=keys or None,
             algo=algo,
         )
+
+    def _chain_keys(self, keys: list[object], extra_keys: Sequence[object] | None) -> list[object]:
+        """``keys``, then the config's ``hash_salt``, then the caller's extra keys."""
+        if self.config.hash_salt is not None:
+            keys.append(self.config.hash_salt)
+        if extra_keys is not None:
+            keys.extend(extra_keys)
+        return keys
 
     def fingerprint_tokens(
         self,
@@ -416,11 +420,7 @@ class KVBlockAllocator:
         Complexity: O(tokens).
         """
         algo = "sha256" if self.config.hash_algo == "xxh3_128" else "xxh3_128"
-        keys: list[object] = ["prefixcache-fingerprint"]
-        if self.config.hash_salt is not None:
-            keys.append(self.config.hash_salt)
-        if extra_keys is not None:
-            keys.extend(extra_keys)
+        keys = self._chain_keys(["prefixcache-fingerprint"], extra_keys)
         return hashing.compute_block_hashes(
             tokens, self.block_size_tokens, parent=parent, salt=salt, extra_keys=keys, algo=algo
         )
