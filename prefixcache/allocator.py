@@ -30,6 +30,7 @@ from prefixcache.errors import (
     ReferenceCountError,
 )
 from prefixcache.events import BlockStored, KVCacheEvent, KVEventLog
+from prefixcache.journal import PolicyJournal
 from prefixcache.pool import BlockPool
 from prefixcache.registry import ROOT, HashRegistry
 from prefixcache.routing import RoutingStore
@@ -207,8 +208,9 @@ class KVBlockAllocator:
             return None
         shortfall = num_blocks - self.pool.num_free
         if shortfall > 0:
-            self._evict(shortfall)
-        block_ids = self.pool.acquire(num_blocks)
+            block_ids = self._allocate_evicting(num_blocks, shortfall)
+        else:
+            block_ids = self.pool.acquire(num_blocks)
         index = block_ids.astype(np.intp)
         self._clock += 1
         self._active_refs[index] = 1
@@ -286,9 +288,11 @@ class KVBlockAllocator:
             return
         touched = np.unique(np.concatenate(self._pending_chunks))
         counts = self._pending_releases[touched].copy()
-        self._pending_releases[touched] = 0
-        self._pending_chunks.clear()
-        self._drop_references(touched, counts, self._active_refs[touched], paused=False)
+        try:  # if this raises, the group's releases are dropped with nothing applied
+            self._drop_references(touched, counts, self._active_refs[touched], paused=False)
+        finally:
+            self._pending_releases[touched] = 0
+            self._pending_chunks.clear()
 
     def _check_reference_counts(
         self, unique: np.ndarray, counts: np.ndarray | None, held: np.ndarray, partition: str
@@ -311,48 +315,85 @@ class KVBlockAllocator:
 
         ``held`` are the blocks' references in the released partition before
         the call. Only blocks whose count in that partition reaches zero can
-        change state, so the rest costs nothing beyond the subtraction.
+        change state, so the rest costs nothing beyond the subtraction. If
+        the pool or the policy raises, the counts are put back.
         """
+        refs = self._paused_refs if paused else self._active_refs
         remaining = held - (1 if counts is None else counts)
-        (self._paused_refs if paused else self._active_refs)[unique] = remaining
-        self._num_released += len(unique) if counts is None else int(counts.sum())
         emptied = unique[remaining == 0]
+        refs[unique] = remaining
         if not len(emptied):
+            self._num_released += len(unique) if counts is None else int(counts.sum())
             return
         other = (self._active_refs if paused else self._paused_refs)[emptied]
         still_held = np.count_nonzero(other)
+        unreferenced = emptied[other == 0] if still_held else emptied
+        if len(unreferenced):
+            try:
+                self._on_unreferenced(unreferenced)
+            except BaseException:
+                refs[unique] = held
+                raise
+        self._num_released += len(unique) if counts is None else int(counts.sum())
         if paused:  # still-active blocks do not change state; the rest were paused
             self._num_paused -= len(emptied) - still_held
         else:  # blocks with paused references become paused
             self._num_active -= len(emptied)
             self._num_paused += still_held
-        unreferenced = emptied[other == 0] if still_held else emptied
-        if len(unreferenced):
-            self._on_unreferenced(unreferenced)
 
     def _on_unreferenced(self, block_ids: np.ndarray) -> None:
-        """Blocks that just lost their last reference become cached or free."""
+        """Blocks that just lost their last reference become cached or free.
+
+        All or nothing: the policy's and the pool's calls come first, and a
+        failure undoes the policy's before anything of the allocator changes.
+        """
         hashed = self.registry.is_registered[block_ids]
         num_hashed = np.count_nonzero(hashed)
         unhashed = block_ids[~hashed] if num_hashed else block_ids
+        if not num_hashed:
+            self.pool.release(unhashed)
+        elif self.policy.retains_unreferenced:
+            self._cache_blocks(block_ids[hashed], unhashed)
+        else:
+            self._drop_blocks(block_ids[hashed], unhashed)
         if self.routing is not None:
             self.routing.clear(unhashed)
-        self.pool.release(unhashed)
-        if not num_hashed:
-            return
-        cached = block_ids[hashed]
-        self._num_cached += len(cached)
-        if self.policy.retains_unreferenced:
-            leaves = cached[self.registry.num_children[cached] == 0]
+
+    def _cache_blocks(self, hashed: np.ndarray, unhashed: np.ndarray) -> None:
+        """Keep the unreferenced ``hashed`` blocks cached, their leaves in the policy."""
+        leaves = hashed[self.registry.num_children[hashed] == 0]
+        journal = self._journal()
+        try:
             for block_id in leaves.tolist():
-                self._insert_leaf(block_id)
-            return
-        freed: list[int] = []
-        for block_id in cached.tolist():
-            if self.registry.is_registered[block_id]:
-                freed.extend(self._drop_subtree(block_id))
-        self._free_dropped(freed)
+                journal.insert(block_id)
+            self.pool.release(unhashed)
+        except BaseException:
+            journal.rollback()
+            raise
+        self._num_cached += len(hashed)
+
+    def _drop_blocks(self, hashed: np.ndarray, unhashed: np.ndarray) -> None:
+        """Ref-zero: free the unreferenced ``hashed`` blocks with ``unhashed``.
+
+        Each takes its registered descendants' hashes with it, which keeps
+        the registry ancestor-closed (they are freed when released).
+        """
+        gone: set[int] = set()
+        dropped: list[int] = []
+        for block_id in hashed.tolist():
+            if block_id not in gone:
+                subtree = self._subtree(block_id, gone)
+                gone.update(subtree)
+                dropped.extend(subtree)
+        freed = [block_id for block_id in dropped if self._is_unreferenced(block_id)]
+        self.pool.release(np.concatenate((unhashed, np.asarray(freed, dtype=np.int32))))
+        for block_id in dropped:
+            self._deregister(block_id)
+        if self.routing is not None:
+            self.routing.clear(np.asarray(freed, dtype=np.intp))
+        self._num_cached += len(hashed) - len(freed)
         self._num_dropped += len(freed)
+        self._flush_removed_hashes()
 
     def _insert_leaf(self, block_id: int) -> None:
         self.policy.insert(
@@ -466,10 +507,10 @@ class KVBlockAllocator:
         if checks is not None:
             matched_list = self._verified_prefix(matched_list, checks)
         matched = np.array(matched_list, dtype=np.int32)
-        self._num_queried += len(hashes)
-        self._num_hits += len(matched)
         if acquire and len(matched):
             self._take_references(*_count_occurrences(matched))
+        self._num_queried += len(hashes)
+        self._num_hits += len(matched)
         return to_tensor(matched)
 
     def _verified_prefix(self, matched: list[int], checks: list[int]) -> list[int]:
@@ -520,22 +561,30 @@ class KVBlockAllocator:
         active = self._active_refs[unique]
         inactive = active == 0
         num_activated = np.count_nonzero(inactive)
+        if num_activated:
+            activated = unique if num_activated == len(unique) else unique[inactive]
+            paused = self._paused_refs[activated]
+            num_from_paused = np.count_nonzero(paused)
+            cached = activated[paused == 0] if num_from_paused else activated
+            if len(cached) and self.policy.retains_unreferenced:
+                self._discard_leaves(cached[self.registry.num_children[cached] == 0].tolist())
+            self._num_active += int(num_activated)
+            self._num_paused -= int(num_from_paused)
+            self._num_cached -= len(cached)
         self._active_refs[unique] = active + delta
         self._clock += 1
         self._last_access[unique] = self._clock
         self._num_accesses[unique] += delta
-        if not num_activated:
-            return
-        activated = unique if num_activated == len(unique) else unique[inactive]
-        paused = self._paused_refs[activated]
-        num_from_paused = np.count_nonzero(paused)
-        cached = activated[paused == 0] if num_from_paused else activated
-        self._num_active += int(num_activated)
-        self._num_paused -= int(num_from_paused)
-        self._num_cached -= len(cached)
-        if len(cached) and self.policy.retains_unreferenced:
-            for block_id in cached[self.registry.num_children[cached] == 0].tolist():
-                self.policy.discard(block_id)
+
+    def _discard_leaves(self, leaves: list[int]) -> None:
+        """Take cached leaves out of the policy, all or none."""
+        journal = self._journal()
+        try:
+            for block_id in leaves:
+                journal.discard(block_id)
+        except BaseException:
+            journal.rollback()
+            raise
 
     def register_kv_block_hashes(
         self,
@@ -611,24 +660,27 @@ class KVBlockAllocator:
                 self._record_stored_runs([(0, hashes)], hashes, parent_hash, tokens, lora_name)
             return torch.ones(len(id_list), dtype=torch.bool)
         self._check_hash_assignment(id_list, hashes)
-        registered = np.zeros(len(id_list), dtype=bool)
+        holders, new = self._plan_registration(id_list, hashes)
+        parents = [parent_id, *holders[:-1]]
+        gaining_child = dict.fromkeys(parents[i] for i in range(len(new)) if new[i])
+        self._discard_leaves([p for p in gaining_child if self._is_tracked_leaf(p)])
         stored_runs: list[tuple[int, list[int]]] = []  # (first index, new hashes) per run
         for index, (block_id, block_hash) in enumerate(zip(id_list, hashes, strict=True)):
-            holder = self.registry.block_of(block_hash)
-            if holder is None:
-                self._register_one(block_id, block_hash, parent_id)
-                if checks is not None:
-                    self._fingerprint_of_block[block_id] = checks[index]
-                holder = block_id
-                if stored_runs and stored_runs[-1][0] + len(stored_runs[-1][1]) == index:
-                    stored_runs[-1][1].append(block_hash)
-                else:
-                    stored_runs.append((index, [block_hash]))
-            registered[index] = holder == block_id
-            parent_id = holder
+            if not new[index]:
+                continue
+            self.registry.register(block_id, block_hash, parents[index])
+            # A block's cache life starts here: allocation leaves these untouched.
+            self._last_access[block_id] = self._clock
+            self._num_accesses[block_id] = 1
+            if checks is not None:
+                self._fingerprint_of_block[block_id] = checks[index]
+            if stored_runs and stored_runs[-1][0] + len(stored_runs[-1][1]) == index:
+                stored_runs[-1][1].append(block_hash)
+            else:
+                stored_runs.append((index, [block_hash]))
         if self.events is not None:
             self._record_stored_runs(stored_runs, hashes, parent_hash, tokens, lora_name)
-        return torch.from_numpy(registered)
+        return torch.from_numpy(np.asarray(holders) == ids)
 
     def _event_tokens(self, token_ids: Any, num_blocks: int) -> list[int] | None:
         """Validate the optional token IDs of a registration (kept only for events)."""
@@ -677,15 +729,14 @@ class KVBlockAllocator:
         parent_id: int,
         checks: list[int] | None,
     ) -> None:
-        parent_was_tracked_leaf = self._is_tracked_leaf(parent_id)
+        if self._is_tracked_leaf(parent_id):
+            self.policy.discard(parent_id)  # the only fallible call: before any change
         self.registry.register_chain(ids, id_list, hashes, parent_id)
         self._last_access[ids] = self._clock
         self._num_accesses[ids] = 1
         if checks is not None:
             for block_id, check in zip(id_list, checks, strict=True):
                 self._fingerprint_of_block[block_id] = check
-        if parent_was_tracked_leaf:
-            self.policy.discard(parent_id)
 
     def _is_tracked_leaf(self, block_id: int) -> bool:
         """Whether ``block_id`` is a cached leaf, i.e. tracked by the policy."""
@@ -711,14 +762,26 @@ class KVBlockAllocator:
                     f"({assigned[block_id]} and {block_hash})"
                 )
 
-    def _register_one(self, block_id: int, block_hash: int, parent_id: int) -> None:
-        parent_was_tracked_leaf = self._is_tracked_leaf(parent_id)
-        self.registry.register(block_id, block_hash, parent_id)
-        # A block's cache life starts here: allocation leaves these untouched.
-        self._last_access[block_id] = self._clock
-        self._num_accesses[block_id] = 1
-        if parent_was_tracked_leaf:
-            self.policy.discard(parent_id)
+    def _plan_registration(
+        self, id_list: list[int], hashes: list[int]
+    ) -> tuple[list[int], list[bool]]:
+        """Who holds each hash once the chain is registered, and which blocks newly take theirs.
+
+        A hash already held (by another block, or by this block itself)
+        keeps its holder, and the chain continues under it.
+        """
+        holder_in_call: dict[int, int] = {}
+        holders: list[int] = []
+        new: list[bool] = []
+        for block_id, block_hash in zip(id_list, hashes, strict=True):
+            holder = holder_in_call.get(block_hash)
+            if holder is None:
+                holder = self.registry.block_of(block_hash)
+            new.append(holder is None)
+            if holder is None:
+                holder = holder_in_call[block_hash] = block_id
+            holders.append(holder)
+        return holders, new
 
     @staticmethod
     def _hash_list(block_hashes: Any, what: str) -> list[int]:
@@ -864,12 +927,18 @@ class KVBlockAllocator:
             raise BlockStateError(
                 f"block {int(ids[free][0])} is free; it has no timestamp to update"
             )
-        self._clock += 1
-        self._last_access[ids] = self._clock
+        now = self._clock + 1
         if self.policy.retains_unreferenced:
             leaves = np.unique(ids[unreferenced & (self.registry.num_children[ids] == 0)])
-            for block_id in leaves.tolist():
-                self.policy.touch(block_id, self._clock)
+            journal = self._journal()
+            try:
+                for block_id in leaves.tolist():
+                    journal.touch(block_id, now)
+            except BaseException:
+                journal.rollback()
+                raise
+        self._clock = now
+        self._last_access[ids] = now
 
     def set_retention_priority(
         self, block_hashes: Any, priority: int, *, duration: int | None = None
@@ -934,52 +1003,117 @@ class KVBlockAllocator:
         return True
 
     def _evict(self, num_blocks: int) -> None:
-        """Free exactly ``num_blocks`` cached blocks (the caller checked there are enough).
+        """Free ``num_blocks`` cached blocks to the pool (the caller checked there are enough)."""
+        journal = self._journal()
+        try:
+            freed, dropped = self._plan_eviction(num_blocks, journal)
+            self.pool.release(np.asarray(freed, dtype=np.int32))
+        except BaseException:
+            journal.rollback()
+            raise
+        self._commit_eviction(freed, dropped)
+
+    def _allocate_evicting(self, num_blocks: int, shortfall: int) -> np.ndarray:
+        """Evict ``shortfall`` cached blocks and hand them out with every free block.
+
+        The evicted blocks go straight to the caller, in the order that
+        pushing them on the free stack and popping ``num_blocks`` would give,
+        so the stack ends exactly as if they had passed through it.
+        """
+        journal = self._journal()
+        try:
+            freed, dropped = self._plan_eviction(shortfall, journal)
+            surplus = len(freed) - num_blocks
+            if surplus > 0:
+                self.pool.release(np.asarray(freed[:surplus], dtype=np.int32))
+                block_ids = np.asarray(freed[surplus:][::-1], dtype=np.int32)
+            else:
+                block_ids = np.concatenate(
+                    (np.asarray(freed[::-1], dtype=np.int32), self.pool.acquire(-surplus))
+                )
+        except BaseException:
+            journal.rollback()
+            raise
+        self._commit_eviction(freed, dropped)
+        return block_ids
+
+    def _journal(self) -> PolicyJournal:
+        return PolicyJournal(self.policy, self._insert_leaf)
+
+    def _plan_eviction(
+        self, num_blocks: int, journal: PolicyJournal
+    ) -> tuple[list[int], list[int]]:
+        """Choose what frees ``num_blocks`` blocks, changing only the policy (via ``journal``).
 
         Victims are asked for one at a time: evicting a leaf may expose its
         parent as a new leaf, which must compete with the other leaves for
         the next slot, so the order never depends on how many are evicted.
+        The registry stays untouched until :meth:`_commit_eviction`:
+        ``lost_children`` counts the children each block loses to the plan
+        and ``gone`` holds the blocks the plan deregisters.
+
+        Returns:
+            The blocks to free, in order; and the blocks that lose their hash
+            (those, plus referenced descendants of a dropped subtree), in an
+            order where each is childless at its turn.
         """
         freed: list[int] = []
+        dropped: list[int] = []
+        gone: set[int] = set()
+        lost_children: dict[int, int] = {}
         pick = self.policy.evict
         while len(freed) < num_blocks:
             victims = pick(1)
             if victims:
                 block_id = victims[0]
-                if len(victims) != 1 or not self._is_cached_leaf(block_id):
+                if len(victims) != 1 or not self._is_cached_leaf(block_id, gone, lost_children):
                     raise InvariantError(
                         f"policy {type(self.policy).__name__} chose {victims}, not one cached leaf"
                     )
-                self._evict_leaf(block_id)
+                block_id = int(block_id)
+                journal.evicted(block_id)
+                gone.add(block_id)
                 freed.append(block_id)
+                dropped.append(block_id)
             else:
-                freed.extend(self._drop_subtree(self._deepest_pinned_cached_block()))
-        self._free_dropped(freed)
-        self._num_evicted += len(freed)
+                block_id = self._deepest_pinned_cached_block(gone, lost_children)
+                subtree = self._subtree(block_id, gone)
+                gone.update(subtree)
+                dropped.extend(subtree)
+                freed.extend(b for b in subtree if self._is_unreferenced(b))
+            self._lose_child(block_id, lost_children, journal)
+        return freed, dropped
 
-    def _is_cached_leaf(self, block_id: int) -> bool:
-        """Registered, childless and unreferenced: what the policy may evict."""
+    def _is_unreferenced(self, block_id: int) -> bool:
+        return not self._active_refs[block_id] and not self._paused_refs[block_id]
+
+    def _is_cached_leaf(self, block_id: int, gone: set[int], lost_children: dict[int, int]) -> bool:
+        """Registered, unreferenced and childless once the plan's removals apply.
+
+        What the policy may evict.
+        """
         return (
-            0 <= block_id < self.num_usable
-            and not self.registry.num_children[block_id]
+            isinstance(block_id, (int, np.integer))
+            and 0 <= block_id < self.num_usable
+            and block_id not in gone
             and self.registry.is_registered[block_id]
-            and not self._active_refs[block_id]
-            and not self._paused_refs[block_id]
+            and self.registry.num_children[block_id] == lost_children.get(block_id, 0)
+            and self._is_unreferenced(block_id)
         )
 
-    def _deregister(self, block_id: int) -> int:
-        """Forget a childless block's hash (noting it for events); return its parent."""
-        if self.events is not None:
-            self._removed_hashes.append(self.registry.hash_of(block_id))
-        return self.registry.deregister_leaf(block_id)
+    def _lose_child(
+        self, block_id: int, lost_children: dict[int, int], journal: PolicyJournal
+    ) -> None:
+        """Count ``block_id``'s removal against its parent; a parent left a cached leaf joins
+        the policy."""
+        parent_id = int(self.registry.parent_of[block_id])
+        if parent_id == ROOT:
+            return
+        lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
+        if lost == self.registry.num_children[parent_id] and self._is_unreferenced(parent_id):
+            journal.insert(parent_id)
 
-    def _evict_leaf(self, block_id: int) -> None:
-        parent_id = self._deregister(block_id)
-        self._num_cached -= 1
-        if parent_id != ROOT and self._is_cached_leaf(parent_id):
-            self._insert_leaf(parent_id)
-
-    def _deepest_pinned_cached_block(self) -> int:
+    def _deepest_pinned_cached_block(self, gone: set[int], lost_children: dict[int, int]) -> int:
         """A cached block with children, when the policy has no leaves left.
 
         Such a block is pinned below by a referenced descendant: it happens
@@ -990,60 +1124,60 @@ class KVBlockAllocator:
         the least recently used goes.
         Complexity: O(total_count); reached only in that rare case.
         """
-        candidates = np.flatnonzero(
-            self.registry.is_registered
-            & (self._active_refs == 0)
-            & (self._paused_refs == 0)
-            & (self.registry.num_children > 0)
-        )
-        depths = self.registry.depth_of[candidates]
-        deepest = candidates[depths == depths.max()]
+        registry = self.registry
+        candidates = [
+            block_id
+            for block_id in np.flatnonzero(
+                registry.is_registered
+                & (self._active_refs == 0)
+                & (self._paused_refs == 0)
+                & (registry.num_children > 0)
+            ).tolist()
+            if block_id not in gone
+            and registry.num_children[block_id] > lost_children.get(block_id, 0)
+        ]
+        if not candidates:
+            raise InvariantError(
+                f"policy {type(self.policy).__name__} has no leaf to evict, yet "
+                f"{self._num_cached} blocks are cached"
+            )
+        ids = np.asarray(candidates)
+        depths = registry.depth_of[ids]
+        deepest = ids[depths == depths.max()]
         return int(deepest[np.argmin(self._last_access[deepest])])
 
-    def _drop_subtree(self, root_id: int) -> list[int]:
-        """Deregister ``root_id`` and every registered descendant; return the cached ones.
-
-        Referenced descendants keep their references but lose their hashes
-        (they are freed when released), which keeps the registry
-        ancestor-closed. Returns the unreferenced blocks, now ready to free.
-        """
+    def _subtree(self, root_id: int, gone: set[int]) -> list[int]:
+        """``root_id`` and its registered descendants outside ``gone``, children first."""
         order: list[int] = []
         stack = [root_id]
         while stack:
             block_id = stack.pop()
             order.append(block_id)
-            stack.extend(self.registry.children_of(block_id))
-        parent_id = int(self.registry.parent_of[root_id])
-        freed: list[int] = []
-        for block_id in reversed(order):
-            unreferenced = self._active_refs[block_id] == 0 and self._paused_refs[block_id] == 0
-            if unreferenced and block_id in self.policy:
-                self.policy.discard(block_id)
-            self._deregister(block_id)
-            if unreferenced:
-                self._num_cached -= 1
-                freed.append(block_id)
-        if (
-            parent_id != ROOT
-            and self.policy.retains_unreferenced
-            and self.registry.num_children[parent_id] == 0
-            and self._active_refs[parent_id] == 0
-            and self._paused_refs[parent_id] == 0
-        ):
-            self._insert_leaf(parent_id)
-        return freed
+            stack.extend(c for c in self.registry.children_of(block_id) if c not in gone)
+        order.reverse()
+        return order
 
-    def _free_dropped(self, freed: list[int]) -> None:
+    def _commit_eviction(self, freed: list[int], dropped: list[int]) -> None:
+        """Apply a plan whose policy and pool calls succeeded: deregister, count, clear."""
+        for block_id in dropped:
+            self._deregister(block_id)
+        self._num_cached -= len(freed)
+        self._num_evicted += len(freed)
+        if self.routing is not None and freed:
+            self.routing.clear(np.asarray(freed, dtype=np.intp))
+        self._flush_removed_hashes()
+
+    def _deregister(self, block_id: int) -> None:
+        """Forget a childless block's hash, noting it for events."""
+        if self.events is not None:
+            self._removed_hashes.append(self.registry.hash_of(block_id))
+        self.registry.deregister_leaf(block_id)
+
+    def _flush_removed_hashes(self) -> None:
         if self._removed_hashes:
             assert self.events is not None
             self.events.record_removed(self._removed_hashes)
             self._removed_hashes = []
-        if not freed:
-            return
-        ids = np.asarray(freed, dtype=np.int32)
-        if self.routing is not None:
-            self.routing.clear(ids)
-        self.pool.release(ids)
 
     # ------------------------------------------------------------------ MoE routing
 
@@ -1172,9 +1306,15 @@ class KVBlockAllocator:
         Queued releases of an open free group are dropped. Statistics restart.
         Complexity: O(total_count).
         """
-        self.pool.reset()
-        self.registry.clear()
+        leaves = self._cached_leaves() if self.policy.retains_unreferenced else []
         self.policy.clear()
+        try:
+            self.pool.reset()
+        except BaseException:
+            for block_id in leaves:
+                self._insert_leaf(block_id)
+            raise
+        self.registry.clear()
         if self.routing is not None:
             self.routing.clear_all()
         for array in (
@@ -1189,6 +1329,16 @@ class KVBlockAllocator:
         self._reset_counters()
         if self.events is not None:
             self.events.record_cleared()
+
+    def _cached_leaves(self) -> list[int]:
+        """Every cached leaf (what the policy tracks). Complexity: O(total_count)."""
+        usable = slice(0, self.num_usable)
+        return np.flatnonzero(
+            self.registry.is_registered[usable]
+            & (self._active_refs[usable] == 0)
+            & (self._paused_refs[usable] == 0)
+            & (self.registry.num_children[usable] == 0)
+        ).tolist()
 
     def _event_log(self) -> KVEventLog:
         if self.events is None:
