@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import policies
 from policies import EvictionPolicy, UnknownPolicyError
+from prefixcache import hashing
 from prefixcache.errors import ConfigError
 
 PolicySpec = str | Mapping[str, Any] | EvictionPolicy
@@ -18,6 +20,37 @@ PolicySpec = str | Mapping[str, Any] | EvictionPolicy
 def _require_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _check_hash_algo(algo: object) -> None:
+    """Refuse a ``hash_algo`` that is neither a known name nor a usable hash function.
+
+    Being callable is not enough: ``np.array`` and ``print`` are callable, and
+    would fail (or hash nothing) only at the first ``hash_tokens``. The
+    allocator calls ``algo(tokens, block_size, parent=..., salt=...,
+    extra_keys=...)``, so the signature must bind those arguments: two
+    positional ones and the three keywords, by name or through ``**kwargs``.
+    A callable whose signature cannot be read (some C builtins) is refused,
+    since nothing shows that it takes them.
+    """
+    valid = ", ".join(hashing.HASH_ALGORITHMS)
+    if isinstance(algo, str):
+        if algo not in hashing.HASH_ALGORITHMS:
+            raise ConfigError(f"unknown hash_algo {algo!r}; valid: {valid}")
+        return
+    if not callable(algo):
+        raise ConfigError(
+            f"hash_algo must be one of {valid} or a hash function, got {type(algo).__name__}"
+        )
+    call = "algo(tokens, block_size, *, parent, salt, extra_keys)"
+    try:
+        signature = inspect.signature(algo)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"hash_algo {algo!r} has no readable signature; need {call}") from exc
+    try:
+        signature.bind(None, None, parent=None, salt=None, extra_keys=None)
+    except TypeError as exc:
+        raise ConfigError(f"hash_algo {algo!r} cannot be called as {call}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -36,9 +69,11 @@ class AllocatorConfig:
             give each allocator its own, a policy holds per-allocator state).
         device: where device mirrors live; ``None`` = CUDA when available.
         hash_algo: ``"xxh3_64"`` (default), ``"xxh3_128"`` or ``"sha256"``;
-            or a callable with the signature of
+            or a hash function called as ``algo(tokens, block_size, *,
+            parent, salt, extra_keys) -> list[int]`` like
             :func:`prefixcache.hashing.compute_block_hashes` (tests inject a
-            deliberately weak one to force collisions).
+            deliberately weak one to force collisions). Its signature is
+            checked here; what it returns is not.
         hash_salt: deployment-wide salt (model or weight version) mixed into
             every chain's root by :meth:`KVBlockAllocator.hash_tokens`.
         routing_num_layers, routing_top_k: MoE routing dimensions; both set
@@ -53,6 +88,11 @@ class AllocatorConfig:
             registered block and check it on every match, so a hash
             collision (accidental or crafted) can never share a block.
             Registration and matching then require ``fingerprints``.
+
+    Raises:
+        ConfigError: a count of the wrong type or out of range, a non-bool
+            flag, routing dimensions set apart, or a ``hash_algo`` that is
+            neither a known name nor callable as described above.
     """
 
     total_count: int
@@ -75,6 +115,7 @@ class AllocatorConfig:
         _require_int("paused_count", self.paused_count, 0)
         _require_int("block_size_tokens", self.block_size_tokens, 1)
         _require_int("kv_events_capacity", self.kv_events_capacity, 0)
+        _check_hash_algo(self.hash_algo)
         if self.paused_count > self.total_count - 2:
             raise ConfigError(
                 f"paused_count {self.paused_count} leaves no active blocks "

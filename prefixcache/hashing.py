@@ -377,6 +377,13 @@ def _bad_token_error(tokens: Sequence[object]) -> InvalidArgumentError:
 
 
 def _check_algo(algo: str) -> None:
+    # The str test comes first: an unhashable algo (a list, a dict, an array)
+    # would make the dict lookup raise a bare TypeError.
+    if not isinstance(algo, str):
+        raise InvalidArgumentError(
+            f"hash algo must be a str, one of {', '.join(HASH_ALGORITHMS)}; "
+            f"got {type(algo).__name__}"
+        )
     if algo not in _MAX_HASH:
         raise InvalidArgumentError(
             f"unknown hash algo {algo!r}; valid: {', '.join(HASH_ALGORITHMS)}"

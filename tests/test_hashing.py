@@ -347,6 +347,23 @@ def test_unknown_algo_lists_valid_ones() -> None:
 
 
 @pytest.mark.parametrize(
+    "algo",
+    [["xxh3_64"], {}, np.array(["xxh3_64"]), None, b"xxh3_64", 64],
+    ids=["list", "dict", "array", "none", "bytes", "int"],
+)
+def test_non_str_algo_is_refused(algo: object) -> None:
+    # Unhashable ones once escaped as a bare TypeError from the algorithm lookup.
+    with pytest.raises(InvalidArgumentError, match=f"must be a str.*got {type(algo).__name__}"):
+        compute_block_hashes([1, 2], 2, algo=algo)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="must be a str"):
+        root_hash(algo=algo)  # type: ignore[arg-type]
+
+
+def test_numpy_str_algo_is_a_name() -> None:
+    assert root_hash(algo=np.str_("sha256")) == root_hash(algo="sha256")
+
+
+@pytest.mark.parametrize(
     "tokens",
     [
         torch.zeros(2, 16, dtype=torch.int64),
