@@ -63,6 +63,12 @@ def _count_occurrences(block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | 
     return unique, counts.astype(np.int32)
 
 
+def _check_flag(value: object, name: str) -> None:
+    """Refuse a flag that is not a bool: ``"no"`` or an array would pass as truthy."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
+
+
 class KVBlockAllocator:
     """Hands out KV-cache block IDs, counts references, and shares cached prefixes.
 
@@ -105,9 +111,6 @@ class KVBlockAllocator:
             raise ConfigError("pass either an AllocatorConfig or keyword arguments, not both")
         elif not isinstance(config, AllocatorConfig):
             raise ConfigError(f"config must be an AllocatorConfig, got {type(config).__name__}")
-        if not callable(config.hash_algo) and config.hash_algo not in hashing.HASH_ALGORITHMS:
-            valid = ", ".join(hashing.HASH_ALGORITHMS)
-            raise ConfigError(f"unknown hash_algo {config.hash_algo!r}; valid: {valid}")
         self.config = config
         self.policy: EvictionPolicy = build_policy(config.eviction_policy)
         self.pool = BlockPool(config.total_count, config.device)
@@ -237,9 +240,11 @@ class KVBlockAllocator:
             InvalidTensorError, InvalidBlockIdError: malformed IDs, the dummy block.
             ReferenceCountError: a block holds fewer references than released
                 (double free, or a free block).
+            InvalidArgumentError: ``paused`` is not a bool.
 
         Complexity: O(k log k) vectorised, plus O(1) policy work per new cached leaf.
         """
+        _check_flag(paused, "paused")
         ids = to_block_ids(block_ids, self.num_usable)
         if ids.size == 0:
             return
@@ -420,6 +425,10 @@ class KVBlockAllocator:
         config's ``hash_salt`` comes first among the extra keys, so a new
         weight version never shares blocks with the old one.
 
+        Raises:
+            InvalidArgumentError: ``extra_keys`` is not a list or tuple, or as
+                :func:`~prefixcache.hashing.compute_block_hashes` raises.
+
         Complexity: O(tokens), one hash call per block.
         """
         keys = self._chain_keys([], extra_keys)
@@ -437,6 +446,10 @@ class KVBlockAllocator:
 
     def _chain_keys(self, keys: list[object], extra_keys: Sequence[object] | None) -> list[object]:
         """``keys``, then the config's ``hash_salt``, then the caller's extra keys."""
+        if extra_keys is not None and not isinstance(extra_keys, (list, tuple)):
+            raise InvalidArgumentError(
+                f"extra_keys must be a list or tuple of keys, got {type(extra_keys).__name__}"
+            )
         if self.config.hash_salt is not None:
             keys.append(self.config.hash_salt)
         if extra_keys is not None:
@@ -457,6 +470,10 @@ class KVBlockAllocator:
         (``xxh3_128``, or ``sha256`` when hashing with ``xxh3_128``) under its
         own root, so a collision of one chain is not a collision of the other.
         ``parent`` is the previous block's fingerprint when continuing a chain.
+
+        Raises:
+            InvalidArgumentError: ``extra_keys`` is not a list or tuple, or as
+                :func:`~prefixcache.hashing.compute_block_hashes` raises.
 
         Complexity: O(tokens).
         """
@@ -497,8 +514,13 @@ class KVBlockAllocator:
         Returns:
             A fresh CPU int32 tensor, possibly empty.
 
+        Raises:
+            InvalidTensorError, InvalidArgumentError: malformed hashes or
+                fingerprints, or ``acquire`` not a bool.
+
         Complexity: O(matched blocks) dict lookups, plus vectorised reference updates.
         """
+        _check_flag(acquire, "acquire")
         hashes = self._hash_list(block_hashes, "block_hashes")
         checks = self._fingerprint_list(fingerprints, len(hashes))
         if not self.enable_prefix_caching:
@@ -528,9 +550,14 @@ class KVBlockAllocator:
         a pinned cached ancestor, or a ref-zero release of a shared prefix,
         drops the hashes below it. A caller that continues a chain with
         ``parent_hash`` asks here first and re-registers from the root if not.
+        Raises:
+            InvalidArgumentError: ``block_hash`` is not an int.
+
         Complexity: O(1).
         """
-        return self.registry.block_of(block_hash) is not None
+        if isinstance(block_hash, bool) or not isinstance(block_hash, (int, np.integer)):
+            raise InvalidArgumentError(f"block_hash must be an int, got {block_hash!r}")
+        return self.registry.block_of(int(block_hash)) is not None
 
     def acquire_blocks(self, block_ids: BlockIdsLike) -> None:
         """Take one active reference per occurrence on cached or referenced blocks.
@@ -654,10 +681,24 @@ class KVBlockAllocator:
             if holder is None:
                 raise HashConflictError(f"parent hash {parent_hash} is not registered")
             parent_id = holder
-        if self._is_fresh_chain(ids, id_list, hashes):
-            self._register_fresh_chain(ids, id_list, hashes, parent_id, checks)
-            if self.events is not None:
-                self._record_stored_runs([(0, hashes)], hashes, parent_hash, tokens, lora_name)
+        # The common call: a matched prefix that holds its hashes, then fresh blocks.
+        held = self._num_holding_own_hash(id_list, hashes)
+        if held:
+            parent_id = id_list[held - 1]
+        if held == len(id_list) or self._is_fresh_chain(ids[held:], id_list[held:], hashes[held:]):
+            if held < len(id_list):
+                new_hashes = hashes[held:]
+                self._register_fresh_chain(
+                    ids[held:],
+                    id_list[held:],
+                    new_hashes,
+                    parent_id,
+                    None if checks is None else checks[held:],
+                )
+                if self.events is not None:
+                    self._record_stored_runs(
+                        [(held, new_hashes)], hashes, parent_hash, tokens, lora_name
+                    )
             return torch.ones(len(id_list), dtype=torch.bool)
         self._check_hash_assignment(id_list, hashes)
         holders, new = self._plan_registration(id_list, hashes)
@@ -711,6 +752,16 @@ class KVBlockAllocator:
             if tokens is not None:
                 run_tokens = tokens[first * size : (first + len(run)) * size]
             self.events.record_stored(run, parent, run_tokens, lora_name)
+
+    def _num_holding_own_hash(self, id_list: list[int], hashes: list[int]) -> int:
+        """How many leading blocks already carry their hash (a matched prefix, registered again)."""
+        hash_of = self.registry.hash_of
+        held = 0
+        for block_id, block_hash in zip(id_list, hashes, strict=True):
+            if hash_of(block_id) != block_hash:
+                break
+            held += 1
+        return held
 
     def _is_fresh_chain(self, ids: np.ndarray, id_list: list[int], hashes: list[int]) -> bool:
         """Distinct unregistered blocks and hashes nobody holds: the common registration."""
