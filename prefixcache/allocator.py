@@ -1101,7 +1101,8 @@ class KVBlockAllocator:
         the next slot, so the order never depends on how many are evicted.
         The registry stays untouched until :meth:`_commit_eviction`:
         ``lost_children`` counts the children each block loses to the plan
-        and ``gone`` holds the blocks the plan deregisters.
+        and ``gone`` holds the blocks the plan deregisters. A victim must be
+        a cached leaf once those apply: registered, unreferenced, childless.
 
         Returns:
             The blocks to free, in order; and the blocks that lose their hash
@@ -1112,12 +1113,30 @@ class KVBlockAllocator:
         dropped: list[int] = []
         gone: set[int] = set()
         lost_children: dict[int, int] = {}
-        pick = self.policy.evict
+        # Per evicted block this loop is the hot path of eviction-bound serving:
+        # the checks of _is_cached_leaf and _lose_child are inlined on local names.
+        pick, insert = self.policy.evict, journal.insert
+        registry = self.registry
+        is_registered, num_children, parent_of = (
+            registry.is_registered,
+            registry.num_children,
+            registry.parent_of,
+        )
+        active, paused, num_usable = self._active_refs, self._paused_refs, self.num_usable
         while len(freed) < num_blocks:
             victims = pick(1)
             if victims:
                 block_id = victims[0]
-                if len(victims) != 1 or not self._is_cached_leaf(block_id, gone, lost_children):
+                if (  # not a cached leaf once the plan's removals apply
+                    len(victims) != 1
+                    or not isinstance(block_id, (int, np.integer))
+                    or not 0 <= block_id < num_usable
+                    or block_id in gone
+                    or not is_registered[block_id]
+                    or active[block_id]
+                    or paused[block_id]
+                    or num_children[block_id] != lost_children.get(block_id, 0)
+                ):
                     raise InvariantError(
                         f"policy {type(self.policy).__name__} chose {victims}, not one cached leaf"
                     )
@@ -1132,37 +1151,16 @@ class KVBlockAllocator:
                 gone.update(subtree)
                 dropped.extend(subtree)
                 freed.extend(b for b in subtree if self._is_unreferenced(b))
-            self._lose_child(block_id, lost_children, journal)
+            # The parent loses a child; left a cached leaf, it joins the policy.
+            parent_id = int(parent_of[block_id])
+            if parent_id != ROOT:
+                lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
+                if lost == num_children[parent_id] and not (active[parent_id] or paused[parent_id]):
+                    insert(parent_id)
         return freed, dropped
 
     def _is_unreferenced(self, block_id: int) -> bool:
         return not self._active_refs[block_id] and not self._paused_refs[block_id]
-
-    def _is_cached_leaf(self, block_id: int, gone: set[int], lost_children: dict[int, int]) -> bool:
-        """Registered, unreferenced and childless once the plan's removals apply.
-
-        What the policy may evict.
-        """
-        return (
-            isinstance(block_id, (int, np.integer))
-            and 0 <= block_id < self.num_usable
-            and block_id not in gone
-            and self.registry.is_registered[block_id]
-            and self.registry.num_children[block_id] == lost_children.get(block_id, 0)
-            and self._is_unreferenced(block_id)
-        )
-
-    def _lose_child(
-        self, block_id: int, lost_children: dict[int, int], journal: PolicyJournal
-    ) -> None:
-        """Count ``block_id``'s removal against its parent; a parent left a cached leaf joins
-        the policy."""
-        parent_id = int(self.registry.parent_of[block_id])
-        if parent_id == ROOT:
-            return
-        lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
-        if lost == self.registry.num_children[parent_id] and self._is_unreferenced(parent_id):
-            journal.insert(parent_id)
 
     def _deepest_pinned_cached_block(self, gone: set[int], lost_children: dict[int, int]) -> int:
         """A cached block with children, when the policy has no leaves left.
