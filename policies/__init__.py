@@ -5,7 +5,9 @@ dynamic ageing), ``"slru"`` (segmented LRU), ``"s3fifo"`` (small/main FIFO
 queues with a ghost list), ``"arc"`` (adaptive recency/frequency lists with
 ghost lists of hashes), ``"hazard"`` (the learned chance of reuse within a
 few cache lifetimes, per use-count and depth class), ``"reuse_lru"`` (LRU with a bonus for reused
-prefixes, counts kept across evictions), ``"priority"`` (retention
+prefixes, counts kept across evictions), ``"protected_lru"`` (blocks used
+once evicted before reused ones, use counts kept across evictions by hash),
+``"priority"`` (retention
 priorities per prefix with expiry), ``"ref_zero"`` (keeps nothing
 unreferenced) and ``"belady"`` (the offline optimum, for trace replay only:
 it needs to know the future). A third-party package adds its own either at
@@ -34,6 +36,7 @@ from policies.hazard import HazardPolicy
 from policies.lfu import LFUPolicy
 from policies.lru import LRUPolicy
 from policies.priority import PriorityPolicy
+from policies.protected_lru import ProtectedLRUPolicy
 from policies.ref_zero import RefZeroPolicy
 from policies.reuse_lru import ReuseLRUPolicy
 from policies.s3fifo import S3FIFOPolicy
@@ -49,6 +52,7 @@ __all__ = [
     "LFUPolicy",
     "LRUPolicy",
     "PriorityPolicy",
+    "ProtectedLRUPolicy",
     "RefZeroPolicy",
     "ReuseLRUPolicy",
     "S3FIFOPolicy",
@@ -71,6 +75,7 @@ _registry: dict[str, type] = {
     "lfu": LFUPolicy,
     "lru": LRUPolicy,
     "priority": PriorityPolicy,
+    "protected_lru": ProtectedLRUPolicy,
     "ref_zero": RefZeroPolicy,
     "reuse_lru": ReuseLRUPolicy,
     "s3fifo": S3FIFOPolicy,

@@ -1,0 +1,194 @@
+"""LRU with a protected class for reused prefixes, whose use counts outlive eviction."""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+
+
+class ProtectedLRUPolicy:
+    """Evicts leaves used once before any reused leaf; LRU within each class.
+
+    A leaf is *protected* when its prefix was handed out at least twice,
+    counting earlier stays of the same hash in the cache: a bounded history
+    keeps the use count of the ``history_capacity`` most recently evicted
+    hashes, so a prefix that was reused, evicted and computed again comes back
+    protected (the admission idea of W-TinyLFU, with an exact bounded dict
+    instead of a sketch). Every other leaf is *probationary*. The victim is the
+    least recently used probationary leaf, or the least recently used
+    protected leaf when no probationary leaf is left. Unlike ``slru`` the
+    protected class has no size cap: on prefix traces a first use predicts
+    little and a second use a lot (on the shared Mooncake trace a chain used
+    once is reused about 0.2-0.3 of the time, a chain used twice about 0.8),
+    so keeping any reused prefix over any one-off one pays, and a cap only
+    lets one-off chains push reused ones out. Protected leaves still age out
+    among themselves by last access, so a conversation that ended leaves
+    before one that is still going.
+
+    Where it loses: when a first use predicts reuse as well as a second (every
+    chat turn is continued at the same rate), evicting fresh tails first costs
+    against LRU (a few percent on the generated multi-turn chats,
+    ``benchmarks/policy_tables.md``); a one-off prompt long enough to matter is
+    never protected unless it comes back while its hash is remembered.
+
+    What it uses: ``last_access`` (the order within a class), ``num_accesses``
+    and ``block_hash`` (the use count, carried across evictions by hash).
+    ``depth`` is ignored: on the traces measured, depth bonuses made it worse.
+    Stays are remembered by block ID while a block is out of the policy for a
+    hit (bounded by the pool), so a hit is counted once, not twice; a victim put
+    back with the arguments it left with (an allocator's rollback) takes its old
+    place and class again.
+
+    >>> policy = ProtectedLRUPolicy()
+    >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=2, depth=0)
+    >>> policy.insert(2, block_hash=20, last_access=5, num_accesses=1, depth=0)
+    >>> policy.evict(1)  # block 1 is older but was reused
+    [2]
+    >>> policy.evict(1), policy.remembered_uses(20)
+    ([1], 1)
+    >>> policy.insert(3, block_hash=20, last_access=9, num_accesses=1, depth=0)  # computed again
+    >>> policy.is_protected(3)  # hash 20 comes back: its earlier use counts
+    True
+
+    Args:
+        history_capacity: evicted hashes whose use counts are remembered
+            (>= 0; 0 turns the history off).
+
+    Raises:
+        ValueError: ``history_capacity`` is not an int >= 0.
+
+    Complexity: ``insert`` and ``touch`` O(log n); ``discard`` O(1)
+    amortised; ``evict(k)`` O(k log n) amortised (binary heaps with lazy
+    deletion, rebuilt when stale entries outnumber live ones). Memory:
+    O(pool size + history_capacity). Not thread-safe.
+    """
+
+    retains_unreferenced = True
+
+    def __init__(self, history_capacity: int = 100_000) -> None:
+        if (
+            isinstance(history_capacity, bool)
+            or not isinstance(history_capacity, int)
+            or history_capacity < 0
+        ):
+            raise ValueError(f"history_capacity must be an int >= 0, got {history_capacity!r}")
+        self._history_capacity = history_capacity
+        # (last access, block ID) per class, some entries stale; index 1 is protected.
+        self._heaps: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
+        # tracked block ID -> (class, last access): class 0 probation, 1 protected.
+        self._place_of: dict[int, tuple[int, int]] = {}
+        # block ID -> (hash, hand-outs last seen, uses of earlier stays), tracked or out for a hit.
+        self._stays: dict[int, tuple[int, int, int]] = {}
+        # evicted hash -> (uses of earlier stays, hand-outs, last access) of its last stay,
+        # the least recently evicted first.
+        self._history: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
+        """Track ``block_id`` in the class its use count gives. Complexity: O(log n)."""
+        stay = self._stays.get(block_id)
+        if stay is None or stay[0] != block_hash or stay[1] > num_accesses:
+            earlier = self._earlier_uses(block_hash, last_access, num_accesses)
+        else:
+            earlier = stay[2]
+        self._stays[block_id] = (block_hash, num_accesses, earlier)
+        self._place(block_id, last_access, earlier + num_accesses)
+
+    def _earlier_uses(self, block_hash: int, last_access: int, num_accesses: int) -> int:
+        """Uses of earlier stays of ``block_hash``, taken out of the history.
+
+        An insert with the very last access and hand-outs the hash was evicted
+        with is the same stay put back (an allocator rolling back an eviction),
+        not a return, so its uses are not counted twice.
+        """
+        remembered = self._history.pop(block_hash, None)
+        if remembered is None:
+            return 0
+        earlier, evicted_accesses, evicted_access = remembered
+        if (evicted_access, evicted_accesses) == (last_access, num_accesses):
+            return earlier
+        return earlier + evicted_accesses
+
+    def _place(self, block_id: int, last_access: int, num_uses: int) -> None:
+        klass = 1 if num_uses >= 2 else 0
+        self._place_of[block_id] = (klass, last_access)
+        heapq.heappush(self._heaps[klass], (last_access, block_id))
+
+    def discard(self, block_id: int) -> None:
+        """Stop tracking ``block_id``; its stay is remembered. Complexity: O(1) amortised.
+
+        Raises:
+            KeyError: ``block_id`` is not tracked.
+        """
+        self._compact_if_stale(self._place_of.pop(block_id)[0])
+
+    def touch(self, block_id: int, now: int) -> None:
+        """Record a use at ``now``: the leaf becomes protected. Complexity: O(log n).
+
+        Raises:
+            KeyError: ``block_id`` is not tracked.
+        """
+        self.discard(block_id)
+        block_hash, num_accesses, earlier = self._stays[block_id]
+        self._stays[block_id] = (block_hash, num_accesses, earlier + 1)
+        self._place(block_id, now, earlier + 1 + num_accesses)
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Remove up to ``num_blocks`` leaves, probation first. Complexity: O(k log n) amortised."""
+        victims: list[int] = []
+        for klass, heap in enumerate(self._heaps):
+            while heap and len(victims) < num_blocks:
+                last_access, block_id = heapq.heappop(heap)
+                if self._place_of.get(block_id) == (klass, last_access):
+                    del self._place_of[block_id]
+                    self._remember(block_id, last_access)
+                    victims.append(block_id)
+        return victims
+
+    def _remember(self, block_id: int, last_access: int) -> None:
+        block_hash, num_accesses, earlier = self._stays.pop(block_id)
+        if self._history_capacity:
+            self._history[block_hash] = (earlier, num_accesses, last_access)
+            self._history.move_to_end(block_hash)
+            if len(self._history) > self._history_capacity:
+                self._history.popitem(last=False)
+
+    def _compact_if_stale(self, klass: int) -> None:
+        heap = self._heaps[klass]
+        if len(heap) > 2 * len(self._place_of) + 64:
+            live = [key for key in heap if self._place_of.get(key[1]) == (klass, key[0])]
+            heapq.heapify(live)
+            heap[:] = live
+
+    def clear(self) -> None:
+        """Forget every tracked leaf, stay and remembered hash. Complexity: O(n)."""
+        for heap in self._heaps:
+            heap.clear()
+        self._place_of.clear()
+        self._stays.clear()
+        self._history.clear()
+
+    def is_protected(self, block_id: int) -> bool:
+        """Whether the tracked leaf ``block_id`` is in the protected class. Complexity: O(1).
+
+        Raises:
+            KeyError: ``block_id`` is not tracked.
+        """
+        return self._place_of[block_id][0] == 1
+
+    def remembered_uses(self, block_hash: int) -> int:
+        """Remembered use count of the evicted ``block_hash`` (0 if none). Complexity: O(1)."""
+        earlier, num_accesses, _ = self._history.get(block_hash, (0, 0, 0))
+        return earlier + num_accesses
+
+    def eviction_order(self) -> list[int]:
+        """Tracked leaves, next victim first (for tests and debugging). Complexity: O(n log n)."""
+        ranked = sorted((place, block_id) for block_id, place in self._place_of.items())
+        return [block_id for _, block_id in ranked]
+
+    def __len__(self) -> int:
+        return len(self._place_of)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._place_of
