@@ -29,7 +29,12 @@ from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 from policies.arc import ARCPolicy
-from policies.base import EvictionPolicy, SupportsRetention, UnknownPolicyError
+from policies.base import (
+    EvictionPolicy,
+    ObservesRegistrations,
+    SupportsRetention,
+    UnknownPolicyError,
+)
 from policies.belady import BeladyPolicy
 from policies.fifo import FIFOPolicy
 from policies.hazard import HazardPolicy
@@ -51,6 +56,7 @@ __all__ = [
     "HazardPolicy",
     "LFUPolicy",
     "LRUPolicy",
+    "ObservesRegistrations",
     "PriorityPolicy",
     "ProtectedLRUPolicy",
     "RefZeroPolicy",

@@ -108,3 +108,26 @@ class SupportsRetention(Protocol):
         back to the policy's default priority.
         """
         ...
+
+
+@runtime_checkable
+class ObservesRegistrations(Protocol):
+    """A policy that wants to hear of every hash registered, not only of evictable leaves.
+
+    A prefix that was evicted and is computed again inside a longer request
+    comes back registered but, being an inner block, never becomes a leaf while
+    that request runs: without this hook a policy keeping history by hash
+    never learns of the return. The allocator calls :meth:`on_register` once
+    per run of consecutive chain positions a registration adds, before it
+    commits the registration.
+    """
+
+    def on_register(self, block_hashes: list[int], first_depth: int) -> None:
+        """``block_hashes`` were just registered as one chain run, the first at ``first_depth``.
+
+        The list belongs to the caller: copy what you keep. Keep it cheap: it
+        is on the serving path. If it raises, the registration does not happen
+        and the allocator is unchanged, but what the hook already recorded in
+        the policy's history stays.
+        """
+        ...

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from policies import EvictionPolicy, SupportsRetention
+from policies import EvictionPolicy, ObservesRegistrations, SupportsRetention
 from prefixcache import hashing
 from prefixcache.block_ids import (
     EMPTY_IDS,
@@ -113,6 +113,10 @@ class KVBlockAllocator:
             raise ConfigError(f"config must be an AllocatorConfig, got {type(config).__name__}")
         self.config = config
         self.policy: EvictionPolicy = build_policy(config.eviction_policy)
+        # The policy's optional registration hook, looked up once (None: it has none).
+        self._observe_registration = (
+            self.policy.on_register if isinstance(self.policy, ObservesRegistrations) else None
+        )
         self.pool = BlockPool(config.total_count, config.device)
         self.total_count = config.total_count
         self.num_usable = config.total_count - 1
@@ -688,6 +692,9 @@ class KVBlockAllocator:
         if held == len(id_list) or self._is_fresh_chain(ids[held:], id_list[held:], hashes[held:]):
             if held < len(id_list):
                 new_hashes = hashes[held:]
+                if self._observe_registration is not None:
+                    first_depth = 0 if parent_id == ROOT else self.registry.depth_of[parent_id] + 1
+                    self._observe_registration(new_hashes, int(first_depth))
                 self._register_fresh_chain(
                     ids[held:],
                     id_list[held:],
@@ -704,8 +711,18 @@ class KVBlockAllocator:
         holders, new = self._plan_registration(id_list, hashes)
         parents = [parent_id, *holders[:-1]]
         gaining_child = dict.fromkeys(parents[i] for i in range(len(new)) if new[i])
-        self._discard_leaves([p for p in gaining_child if self._is_tracked_leaf(p)])
         stored_runs: list[tuple[int, list[int]]] = []  # (first index, new hashes) per run
+        for index, block_hash in enumerate(hashes):
+            if new[index]:
+                if stored_runs and stored_runs[-1][0] + len(stored_runs[-1][1]) == index:
+                    stored_runs[-1][1].append(block_hash)
+                else:
+                    stored_runs.append((index, [block_hash]))
+        if self._observe_registration is not None:
+            depths = self._planned_depths(id_list, parents, new)
+            for first, run in stored_runs:
+                self._observe_registration(run, depths[id_list[first]])
+        self._discard_leaves([p for p in gaining_child if self._is_tracked_leaf(p)])
         for index, (block_id, block_hash) in enumerate(zip(id_list, hashes, strict=True)):
             if not new[index]:
                 continue
@@ -715,10 +732,6 @@ class KVBlockAllocator:
             self._num_accesses[block_id] = 1
             if checks is not None:
                 self._fingerprint_of_block[block_id] = checks[index]
-            if stored_runs and stored_runs[-1][0] + len(stored_runs[-1][1]) == index:
-                stored_runs[-1][1].append(block_hash)
-            else:
-                stored_runs.append((index, [block_hash]))
         if self.events is not None:
             self._record_stored_runs(stored_runs, hashes, parent_hash, tokens, lora_name)
         return torch.from_numpy(np.asarray(holders) == ids)
@@ -812,6 +825,21 @@ class KVBlockAllocator:
                     f"block {block_id} appears twice with different hashes "
                     f"({assigned[block_id]} and {block_hash})"
                 )
+
+    def _planned_depths(
+        self, id_list: list[int], parents: list[int], new: list[bool]
+    ) -> dict[int, int]:
+        """Chain depth of each block a registration plan newly registers, before it commits."""
+        depths: dict[int, int] = {}
+        for block_id, parent_id, is_new in zip(id_list, parents, new, strict=True):
+            if is_new:
+                if parent_id == ROOT:
+                    depths[block_id] = 0
+                elif parent_id in depths:
+                    depths[block_id] = depths[parent_id] + 1
+                else:
+                    depths[block_id] = int(self.registry.depth_of[parent_id]) + 1
+        return depths
 
     def _plan_registration(
         self, id_list: list[int], hashes: list[int]
