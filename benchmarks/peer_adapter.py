@@ -138,17 +138,20 @@ class PrefixCacheAdapter:
         new_ids = allocator.allocate_memory_blocks(num_blocks - num_hit)
         if new_ids is None:
             raise RuntimeError(f"prefixcache: cannot allocate {num_blocks - num_hit} blocks")
+        # One numpy view of the new IDs serves both calls below: slicing it is
+        # cheaper than slicing the tensor, and the library takes arrays as they are.
+        new_array = new_ids.numpy()
         num_full = len(hashes)
         if num_full > num_hit:
             allocator.register_kv_block_hashes(
-                new_ids[: num_full - num_hit],
+                new_array[: num_full - num_hit],
                 hashes[num_hit:num_full],
                 parent_hash=hashes[num_hit - 1] if num_hit else None,
             )
         if num_hit:
-            allocator.release_memory_blocks(np.concatenate((hit_ids.numpy(), new_ids.numpy())))
+            allocator.release_memory_blocks(np.concatenate((hit_ids.numpy(), new_array)))
         else:
-            allocator.release_memory_blocks(new_ids)
+            allocator.release_memory_blocks(new_array)
         return num_hit
 
     def _require_allocator(self) -> KVBlockAllocator:

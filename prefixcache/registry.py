@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from prefixcache.errors import InvariantError
 from prefixcache.types import NO_HASH
 
 ROOT = -1
@@ -38,9 +39,9 @@ class HashRegistry:
     - ``parent_of`` / ``depth_of``: numpy int32, parent block (``ROOT`` for a
       chain's first block) and 0-based position in the chain.
 
-    Methods: :meth:`match`, :meth:`block_of`, :meth:`hash_of`,
-    :meth:`register`, :meth:`deregister_leaf`, :meth:`children_of`,
-    :meth:`clear`. Not thread-safe.
+    Methods: :meth:`match`, :meth:`block_of`, :meth:`holds_none`, :meth:`hash_of`,
+    :meth:`register`, :meth:`deregister_leaf`, :meth:`deregister_leaves`,
+    :meth:`children_of`, :meth:`clear`. Not thread-safe.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -61,6 +62,10 @@ class HashRegistry:
         """The block holding ``block_hash``, or None. Complexity: O(1)."""
         return self._block_of_hash.get(block_hash)
 
+    def holds_none(self, block_hashes: Sequence[int]) -> bool:
+        """Whether no block holds any of ``block_hashes``. Complexity: O(k), at C speed."""
+        return self._block_of_hash.keys().isdisjoint(block_hashes)
+
     def hash_of(self, block_id: int) -> int:
         """The hash ``block_id`` carries, or ``NO_HASH``. Complexity: O(1)."""
         return self._hash_of_block[block_id]
@@ -72,7 +77,8 @@ class HashRegistry:
         registered only under its parent), so a binary search finds where the
         match ends; the matched blocks are then looked up in one C-level
         ``map``. A collision could break prefix-closure, so the result is
-        still cut at the first hash with no block.
+        still cut at the first hash with no block (found by a second pass,
+        only in that case).
 
         Complexity: O(log n) probes plus O(matched) lookups.
         """
@@ -86,10 +92,13 @@ class HashRegistry:
                 high = middle
             else:
                 low = middle + 1
-        matched = list(map(lookup, block_hashes[:low]))
-        if None in matched:
+        try:
+            # __getitem__ raises on a gap, which spares scanning the result for None.
+            return list(map(self._block_of_hash.__getitem__, block_hashes[:low]))
+        except KeyError:
+            matched = list(map(lookup, block_hashes[:low]))
             del matched[matched.index(None) :]
-        return matched  # type: ignore[return-value]
+            return matched  # type: ignore[return-value]
 
     def children_of(self, block_id: int) -> Sequence[int]:
         """Registered children of ``block_id`` (a copy). Complexity: O(children)."""
@@ -111,7 +120,8 @@ class HashRegistry:
 
     def _unlink_child(self, parent_id: int, child_id: int) -> None:
         """Remove ``child_id`` from ``parent_id``'s child list. O(1)."""
-        before, after = int(self._prev_sibling[child_id]), int(self._next_sibling[child_id])
+        before: int = self._prev_sibling.item(child_id)
+        after: int = self._next_sibling.item(child_id)
         if before == NONE:
             self._first_child[parent_id] = after
         else:
@@ -181,12 +191,70 @@ class HashRegistry:
         del self._block_of_hash[self._hash_of_block[block_id]]
         self._hash_of_block[block_id] = NO_HASH
         self.is_registered[block_id] = False
-        parent_id = int(self.parent_of[block_id])
+        parent_id: int = self.parent_of.item(block_id)
         self.parent_of[block_id] = ROOT
         if parent_id != ROOT:
             self.num_children[parent_id] -= 1
             self._unlink_child(parent_id, block_id)
         return parent_id
+
+    def deregister_leaves(self, block_ids: Sequence[int]) -> list[int]:
+        """Forget the hashes of ``block_ids``, as :meth:`deregister_leaf` on each in order.
+
+        Meant for committing an eviction plan, which removes whole tails of
+        chains: a block may be the parent of blocks listed before it. Child
+        lists are unlinked only where the parent stays registered; a parent
+        removed in the same call loses all its children (the precondition),
+        so its list is simply emptied. Per-block numpy writes are vectorised.
+
+        Preconditions: the blocks are distinct and registered (checked here,
+        before any change), and each has no registered child once the blocks
+        before it are gone (checked by the allocator's plan).
+
+        Args:
+            block_ids: the blocks, each childless at its turn.
+
+        Returns:
+            The hashes the blocks carried, in the order of ``block_ids`` (for
+            KV cache events).
+
+        Raises:
+            InvariantError: a block is listed twice or is not registered;
+                nothing changes.
+
+        Complexity: O(k) dict deletions plus vectorised writes, plus O(1)
+        list surgery per block whose parent stays registered.
+        """
+        if not block_ids:
+            return []
+        hash_of_block = self._hash_of_block
+        hashes = [hash_of_block[block_id] for block_id in block_ids]
+        if NO_HASH in hashes or len(set(block_ids)) != len(block_ids):
+            raise InvariantError(
+                f"deregister_leaves: {list(block_ids)} holds an unregistered block or a block twice"
+            )
+        block_of_hash = self._block_of_hash
+        for block_hash in hashes:
+            del block_of_hash[block_hash]
+        for block_id in block_ids:
+            hash_of_block[block_id] = NO_HASH
+        ids = np.array(block_ids, dtype=np.intp)
+        parents = self.parent_of[ids]
+        self.is_registered[ids] = False
+        # A parent still registered now is outside the batch: unlink from its list
+        # before the links of the removed blocks are reset below. (ROOT indexes the
+        # last entry; the comparison with ROOT masks it out.)
+        kept = (parents != ROOT) & self.is_registered[parents]
+        if np.count_nonzero(kept):
+            for parent_id, child_id in zip(parents[kept].tolist(), ids[kept].tolist(), strict=True):
+                self.num_children[parent_id] -= 1
+                self._unlink_child(parent_id, child_id)
+        self.parent_of[ids] = ROOT
+        self.num_children[ids] = 0
+        self._first_child[ids] = NONE
+        self._next_sibling[ids] = NONE
+        self._prev_sibling[ids] = NONE
+        return hashes
 
     def clear(self) -> None:
         """Forget everything. Complexity: O(num_blocks)."""
