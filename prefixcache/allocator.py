@@ -140,7 +140,6 @@ class KVBlockAllocator:
             self.events = KVEventLog(
                 config.kv_events_capacity, config.block_size_tokens, config.kv_events_medium
             )
-        self._removed_hashes: list[int] = []  # deregistered during the current call
         self.verify_prefix_hits = config.verify_prefix_hits
         # Second fingerprint of each registered block (verify mode), by block ID.
         self._fingerprint_of_block: list[int] = [0] * config.total_count
@@ -211,7 +210,7 @@ class KVBlockAllocator:
         Complexity: O(num_blocks) vectorised, plus O(log n) per evicted block.
         """
         num_blocks = self._check_count(num_blocks)
-        if not self.is_memory_available(num_blocks):
+        if num_blocks > self.pool.num_free + self._num_cached:
             return None
         shortfall = num_blocks - self.pool.num_free
         if shortfall > 0:
@@ -356,6 +355,11 @@ class KVBlockAllocator:
         All or nothing: the policy's and the pool's calls come first, and a
         failure undoes the policy's before anything of the allocator changes.
         """
+        if not len(self.registry):  # always so with prefix caching off
+            self.pool.release(block_ids)
+            if self.routing is not None:
+                self.routing.clear(block_ids)
+            return
         hashed = self.registry.is_registered[block_ids]
         num_hashed = np.count_nonzero(hashed)
         unhashed = block_ids[~hashed] if num_hashed else block_ids
@@ -396,21 +400,21 @@ class KVBlockAllocator:
                 dropped.extend(subtree)
         freed = [block_id for block_id in dropped if self._is_unreferenced(block_id)]
         self.pool.release(np.concatenate((unhashed, np.asarray(freed, dtype=np.int32))))
-        for block_id in dropped:
-            self._deregister(block_id)
+        removed = self.registry.deregister_leaves(dropped)
         if self.routing is not None:
             self.routing.clear(np.asarray(freed, dtype=np.intp))
         self._num_cached += len(hashed) - len(freed)
         self._num_dropped += len(freed)
-        self._flush_removed_hashes()
+        if self.events is not None and removed:
+            self.events.record_removed(removed)
 
     def _insert_leaf(self, block_id: int) -> None:
         self.policy.insert(
             block_id,
             self.registry.hash_of(block_id),
-            int(self._last_access[block_id]),
-            int(self._num_accesses[block_id]),
-            int(self.registry.depth_of[block_id]),
+            self._last_access.item(block_id),
+            self._num_accesses.item(block_id),
+            self.registry.depth_of.item(block_id),
         )
 
     # ------------------------------------------------------------------ prefix reuse
@@ -532,12 +536,18 @@ class KVBlockAllocator:
         matched_list = self.registry.match(hashes)
         if checks is not None:
             matched_list = self._verified_prefix(matched_list, checks)
-        matched = np.array(matched_list, dtype=np.int32)
+        matched = np.array(matched_list, dtype=np.intp)  # intp: it indexes five arrays
         if acquire and len(matched):
-            self._take_references(*_count_occurrences(matched))
+            # A chain (each block the parent of the next) repeats no block.
+            if len(matched) < 2 or np.array_equal(
+                self.registry.parent_of[matched[1:]], matched[:-1]
+            ):
+                self._take_references(matched, None)
+            else:
+                self._take_references(*_count_occurrences(matched))
         self._num_queried += len(hashes)
         self._num_hits += len(matched)
-        return to_tensor(matched)
+        return to_tensor(matched.astype(np.int32))
 
     def _verified_prefix(self, matched: list[int], checks: list[int]) -> list[int]:
         stored = self._fingerprint_of_block
@@ -778,11 +788,10 @@ class KVBlockAllocator:
 
     def _is_fresh_chain(self, ids: np.ndarray, id_list: list[int], hashes: list[int]) -> bool:
         """Distinct unregistered blocks and hashes nobody holds: the common registration."""
-        held = self.registry.block_of
         return (
             not np.count_nonzero(self.registry.is_registered[ids])
             and len(set(id_list)) == len(id_list)
-            and all(held(block_hash) is None for block_hash in hashes)
+            and self.registry.holds_none(hashes)
         )
 
     def _register_fresh_chain(
@@ -1236,25 +1245,13 @@ class KVBlockAllocator:
 
     def _commit_eviction(self, freed: list[int], dropped: list[int]) -> None:
         """Apply a plan whose policy and pool calls succeeded: deregister, count, clear."""
-        for block_id in dropped:
-            self._deregister(block_id)
+        removed = self.registry.deregister_leaves(dropped)
         self._num_cached -= len(freed)
         self._num_evicted += len(freed)
         if self.routing is not None and freed:
             self.routing.clear(np.asarray(freed, dtype=np.intp))
-        self._flush_removed_hashes()
-
-    def _deregister(self, block_id: int) -> None:
-        """Forget a childless block's hash, noting it for events."""
-        if self.events is not None:
-            self._removed_hashes.append(self.registry.hash_of(block_id))
-        self.registry.deregister_leaf(block_id)
-
-    def _flush_removed_hashes(self) -> None:
-        if self._removed_hashes:
-            assert self.events is not None
-            self.events.record_removed(self._removed_hashes)
-            self._removed_hashes = []
+        if self.events is not None and removed:
+            self.events.record_removed(removed)
 
     # ------------------------------------------------------------------ MoE routing
 

@@ -184,7 +184,6 @@ def full_digest(allocator: KVBlockAllocator) -> dict[str, Any]:
         "policy_order": copy.deepcopy(inner).evict(len(inner)),
         "routing": None if allocator.routing is None else allocator.routing._written.tolist(),
         "events": None if events is None else list(events._queue),
-        "removed_hashes": list(allocator._removed_hashes),
     }
 
 
