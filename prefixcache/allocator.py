@@ -30,6 +30,8 @@ from prefixcache.errors import (
     ReferenceCountError,
 )
 from prefixcache.events import BlockStored, KVCacheEvent, KVEventLog
+from prefixcache.eviction import EvictionPlanner
+from prefixcache.invariants import find_invariant_problems
 from prefixcache.journal import PolicyJournal
 from prefixcache.pool import BlockPool
 from prefixcache.registry import ROOT, HashRegistry
@@ -155,6 +157,14 @@ class KVBlockAllocator:
         self._pending_releases = np.zeros(size, dtype=np.int32)
         self._pending_chunks: list[np.ndarray] = []
         self._group_depth = 0
+        self._planner = EvictionPlanner(
+            self.policy,
+            self.registry,
+            self._active_refs,
+            self._paused_refs,
+            self._last_access,
+            self.num_usable,
+        )
         self._reset_counters()
 
     def _reset_counters(self) -> None:
@@ -395,10 +405,10 @@ class KVBlockAllocator:
         dropped: list[int] = []
         for block_id in hashed.tolist():
             if block_id not in gone:
-                subtree = self._subtree(block_id, gone)
+                subtree = self._planner.subtree(block_id, gone)
                 gone.update(subtree)
                 dropped.extend(subtree)
-        freed = [block_id for block_id in dropped if self._is_unreferenced(block_id)]
+        freed = [block_id for block_id in dropped if self._planner.is_unreferenced(block_id)]
         self.pool.release(np.concatenate((unhashed, np.asarray(freed, dtype=np.int32))))
         removed = self.registry.deregister_leaves(dropped)
         if self.routing is not None:
@@ -1094,7 +1104,7 @@ class KVBlockAllocator:
         """Free ``num_blocks`` cached blocks to the pool (the caller checked there are enough)."""
         journal = self._journal()
         try:
-            freed, dropped = self._plan_eviction(num_blocks, journal)
+            freed, dropped = self._planner.plan(num_blocks, journal)
             self.pool.release(np.asarray(freed, dtype=np.int32))
         except BaseException:
             journal.rollback()
@@ -1110,7 +1120,7 @@ class KVBlockAllocator:
         """
         journal = self._journal()
         try:
-            freed, dropped = self._plan_eviction(shortfall, journal)
+            freed, dropped = self._planner.plan(shortfall, journal)
             surplus = len(freed) - num_blocks
             if surplus > 0:
                 self.pool.release(np.asarray(freed[:surplus], dtype=np.int32))
@@ -1127,121 +1137,6 @@ class KVBlockAllocator:
 
     def _journal(self) -> PolicyJournal:
         return PolicyJournal(self.policy, self._insert_leaf)
-
-    def _plan_eviction(
-        self, num_blocks: int, journal: PolicyJournal
-    ) -> tuple[list[int], list[int]]:
-        """Choose what frees ``num_blocks`` blocks, changing only the policy (via ``journal``).
-
-        Victims are asked for one at a time: evicting a leaf may expose its
-        parent as a new leaf, which must compete with the other leaves for
-        the next slot, so the order never depends on how many are evicted.
-        The registry stays untouched until :meth:`_commit_eviction`:
-        ``lost_children`` counts the children each block loses to the plan
-        and ``gone`` holds the blocks the plan deregisters. A victim must be
-        a cached leaf once those apply: registered, unreferenced, childless.
-
-        Returns:
-            The blocks to free, in order; and the blocks that lose their hash
-            (those, plus referenced descendants of a dropped subtree), in an
-            order where each is childless at its turn.
-        """
-        freed: list[int] = []
-        dropped: list[int] = []
-        gone: set[int] = set()
-        lost_children: dict[int, int] = {}
-        # Per evicted block this loop is the hot path of eviction-bound serving:
-        # the checks of _is_cached_leaf and _lose_child are inlined on local names.
-        pick, insert = self.policy.evict, journal.insert
-        registry = self.registry
-        is_registered, num_children, parent_of = (
-            registry.is_registered,
-            registry.num_children,
-            registry.parent_of,
-        )
-        active, paused, num_usable = self._active_refs, self._paused_refs, self.num_usable
-        while len(freed) < num_blocks:
-            victims = pick(1)
-            if victims:
-                block_id = victims[0]
-                if (  # not a cached leaf once the plan's removals apply
-                    len(victims) != 1
-                    or not isinstance(block_id, (int, np.integer))
-                    or not 0 <= block_id < num_usable
-                    or block_id in gone
-                    or not is_registered[block_id]
-                    or active[block_id]
-                    or paused[block_id]
-                    or num_children[block_id] != lost_children.get(block_id, 0)
-                ):
-                    raise InvariantError(
-                        f"policy {type(self.policy).__name__} chose {victims}, not one cached leaf"
-                    )
-                block_id = int(block_id)
-                journal.evicted(block_id)
-                gone.add(block_id)
-                freed.append(block_id)
-                dropped.append(block_id)
-            else:
-                block_id = self._deepest_pinned_cached_block(gone, lost_children)
-                subtree = self._subtree(block_id, gone)
-                gone.update(subtree)
-                dropped.extend(subtree)
-                freed.extend(b for b in subtree if self._is_unreferenced(b))
-            # The parent loses a child; left a cached leaf, it joins the policy.
-            parent_id = int(parent_of[block_id])
-            if parent_id != ROOT:
-                lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
-                if lost == num_children[parent_id] and not (active[parent_id] or paused[parent_id]):
-                    insert(parent_id)
-        return freed, dropped
-
-    def _is_unreferenced(self, block_id: int) -> bool:
-        return not self._active_refs[block_id] and not self._paused_refs[block_id]
-
-    def _deepest_pinned_cached_block(self, gone: set[int], lost_children: dict[int, int]) -> int:
-        """A cached block with children, when the policy has no leaves left.
-
-        Such a block is pinned below by a referenced descendant: it happens
-        only when a request released a prefix while still holding later
-        blocks, or holds a block registered under another request's prefix.
-        The deepest one has no cached descendant (it would be deeper, or a
-        leaf), so dropping its subtree frees exactly one block; among equals
-        the least recently used goes.
-        Complexity: O(total_count); reached only in that rare case.
-        """
-        registry = self.registry
-        candidates = [
-            block_id
-            for block_id in np.flatnonzero(
-                registry.is_registered
-                & (self._active_refs == 0)
-                & (self._paused_refs == 0)
-                & (registry.num_children > 0)
-            ).tolist()
-            if block_id not in gone
-            and registry.num_children[block_id] > lost_children.get(block_id, 0)
-        ]
-        if not candidates:
-            raise InvariantError(
-                f"policy {type(self.policy).__name__} has no leaf to evict, yet "
-                f"{self._num_cached} blocks are cached"
-            )
-        ids = np.asarray(candidates)
-        depths = registry.depth_of[ids]
-        deepest = ids[depths == depths.max()]
-        return int(deepest[np.argmin(self._last_access[deepest])])
-
-    def _subtree(self, root_id: int, gone: set[int]) -> list[int]:
-        """``root_id`` and its registered descendants outside ``gone``, children first."""
-        order: list[int] = []
-        stack = [root_id]
-        while stack:
-            block_id = stack.pop()
-            order.append(block_id)
-            stack.extend(c for c in self.registry.children_of(block_id) if c not in gone)
-        order.reverse()
-        return order
 
     def _commit_eviction(self, freed: list[int], dropped: list[int]) -> None:
         """Apply a plan whose policy and pool calls succeeded: deregister, count, clear."""
@@ -1495,60 +1390,6 @@ class KVBlockAllocator:
 
         Meant for tests and debugging. Complexity: O(total_count).
         """
-        problems = self._find_invariant_problems()
+        problems = find_invariant_problems(self)
         if problems:
             raise InvariantError("; ".join(problems[:5]))
-
-    def _find_invariant_problems(self) -> list[str]:
-        problems: list[str] = []
-        usable = slice(0, self.num_usable)
-        active_refs, paused_refs = self._active_refs[usable], self._paused_refs[usable]
-        registered = self.registry.is_registered[usable]
-        if (active_refs < 0).any() or (paused_refs < 0).any():
-            problems.append("a reference count is negative")
-        dummy = self.dummy_block_id
-        if (
-            self._active_refs[dummy]
-            or self._paused_refs[dummy]
-            or self.registry.is_registered[dummy]
-        ):
-            problems.append(f"dummy block {dummy} is referenced or registered")
-        free_ids = self.pool.free_ids()
-        on_stack = np.zeros(self.num_usable, dtype=bool)
-        on_stack[free_ids] = True
-        if len(np.unique(free_ids)) != len(free_ids):
-            problems.append("a block is on the free stack twice")
-        is_active = active_refs > 0
-        is_paused = ~is_active & (paused_refs > 0)
-        unreferenced = ~is_active & ~is_paused
-        is_cached = unreferenced & registered
-        is_free = unreferenced & ~registered
-        if not np.array_equal(on_stack, is_free):
-            bad = int(np.flatnonzero(on_stack != is_free)[0])
-            problems.append(f"block {bad}: on free stack={on_stack[bad]} but free={is_free[bad]}")
-        for name, mask, counter in (
-            ("active", is_active, self._num_active),
-            ("paused", is_paused, self._num_paused),
-            ("cached", is_cached, self._num_cached),
-        ):
-            if int(mask.sum()) != counter:
-                problems.append(f"{name} counter {counter} but {int(mask.sum())} {name} blocks")
-        total = len(free_ids) + self._num_active + self._num_paused + self._num_cached
-        if total != self.num_usable:
-            problems.append(f"free+active+paused+cached = {total}, usable = {self.num_usable}")
-        problems.extend(self.registry.check())
-        leaves = np.flatnonzero(is_cached & (self.registry.num_children[usable] == 0))
-        if not self.policy.retains_unreferenced:
-            if self._num_cached:
-                problems.append(f"policy keeps nothing but {self._num_cached} blocks are cached")
-        else:
-            if len(self.policy) != len(leaves):
-                problems.append(
-                    f"policy tracks {len(self.policy)} blocks, {len(leaves)} cached leaves"
-                )
-            untracked = [int(b) for b in leaves if int(b) not in self.policy]
-            if untracked:
-                problems.append(f"cached leaf {untracked[0]} is not tracked by the policy")
-        if self._pending_releases.any() and not self._group_depth:
-            problems.append("releases are queued outside a free group")
-        return problems

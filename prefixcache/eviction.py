@@ -1,0 +1,180 @@
+"""EvictionPlanner: which blocks an eviction frees, decided before anything changes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies import EvictionPolicy
+from prefixcache.errors import InvariantError
+from prefixcache.journal import PolicyJournal
+from prefixcache.registry import ROOT, HashRegistry
+
+
+class EvictionPlanner:
+    """Chooses the blocks that free room, changing nothing but the policy.
+
+    The allocator's strong exception guarantee needs every fallible call (the
+    policy's, then the pool's) made before it writes its own state. An
+    eviction is interactive: evicting a leaf may expose its parent, which
+    the policy must hear of before it picks the next victim. The planner
+    plays that dialogue against the registry as it would be after the
+    removals, without touching it, and records every policy call in a
+    :class:`~prefixcache.journal.PolicyJournal`; the allocator then commits
+    the plan (registry, counters, pool) or rolls the journal back.
+
+    It reads the allocator's per-block arrays, which stay the same objects
+    for the allocator's lifetime (``reset`` clears them in place).
+
+    Args:
+        policy: the allocator's eviction policy.
+        registry: the allocator's hash registry.
+        active_refs, paused_refs: reference counts per block ID.
+        last_access: clock of each registered block's last access.
+        num_usable: usable blocks (the dummy block's ID).
+    """
+
+    def __init__(
+        self,
+        policy: EvictionPolicy,
+        registry: HashRegistry,
+        active_refs: np.ndarray,
+        paused_refs: np.ndarray,
+        last_access: np.ndarray,
+        num_usable: int,
+    ) -> None:
+        self._policy = policy
+        self._registry = registry
+        self._active_refs = active_refs
+        self._paused_refs = paused_refs
+        self._last_access = last_access
+        self._num_usable = num_usable
+
+    def plan(self, num_blocks: int, journal: PolicyJournal) -> tuple[list[int], list[int]]:
+        """Choose what frees ``num_blocks`` blocks, changing only the policy (via ``journal``).
+
+        Victims are asked for one at a time: evicting a leaf may expose its
+        parent as a new leaf, which must compete with the other leaves for
+        the next slot, so the order never depends on how many are evicted.
+        ``lost_children`` counts the children each block loses to the plan
+        and ``gone`` holds the blocks the plan deregisters. A victim must be
+        a cached leaf once those apply: registered, unreferenced, childless.
+        When the policy has no leaf left, the subtree of the deepest pinned
+        cached block goes (see :meth:`_deepest_pinned_cached_block`).
+
+        Args:
+            num_blocks: blocks to free; at most the number of cached blocks.
+            journal: records the policy calls, for a rollback.
+
+        Returns:
+            The blocks to free, in order; and the blocks that lose their hash
+            (those, plus referenced descendants of a dropped subtree), in an
+            order where each is childless at its turn.
+
+        Raises:
+            InvariantError: the policy chose something other than one cached
+                leaf, or has none left while blocks are cached. Policy calls
+                already made stay in ``journal`` for the caller to roll back.
+
+        Complexity: O(log n) policy work and O(1) else per evicted block.
+        """
+        freed: list[int] = []
+        dropped: list[int] = []
+        gone: set[int] = set()
+        lost_children: dict[int, int] = {}
+        # Per evicted block this loop is the hot path of eviction-bound serving,
+        # so the checks run inline on local names.
+        pick, insert = self._policy.evict, journal.insert
+        registry = self._registry
+        is_registered, num_children, parent_of = (
+            registry.is_registered,
+            registry.num_children,
+            registry.parent_of,
+        )
+        active, paused, num_usable = self._active_refs, self._paused_refs, self._num_usable
+        while len(freed) < num_blocks:
+            victims = pick(1)
+            if victims:
+                block_id = victims[0]
+                if (  # not a cached leaf once the plan's removals apply
+                    len(victims) != 1
+                    or not isinstance(block_id, (int, np.integer))
+                    or not 0 <= block_id < num_usable
+                    or block_id in gone
+                    or not is_registered[block_id]
+                    or active[block_id]
+                    or paused[block_id]
+                    or num_children[block_id] != lost_children.get(block_id, 0)
+                ):
+                    raise InvariantError(
+                        f"policy {type(self._policy).__name__} chose {victims}, not one cached leaf"
+                    )
+                block_id = int(block_id)
+                journal.evicted(block_id)
+                gone.add(block_id)
+                freed.append(block_id)
+                dropped.append(block_id)
+            else:
+                block_id = self._deepest_pinned_cached_block(gone, lost_children)
+                subtree = self.subtree(block_id, gone)
+                gone.update(subtree)
+                dropped.extend(subtree)
+                freed.extend(b for b in subtree if self.is_unreferenced(b))
+            # The parent loses a child; left a cached leaf, it joins the policy.
+            parent_id = int(parent_of[block_id])
+            if parent_id != ROOT:
+                lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
+                if lost == num_children[parent_id] and not (active[parent_id] or paused[parent_id]):
+                    insert(parent_id)
+        return freed, dropped
+
+    def is_unreferenced(self, block_id: int) -> bool:
+        """Whether no request, running or paused, holds ``block_id``. O(1)."""
+        return not self._active_refs[block_id] and not self._paused_refs[block_id]
+
+    def subtree(self, root_id: int, gone: set[int]) -> list[int]:
+        """``root_id`` and its registered descendants outside ``gone``, children first.
+
+        Complexity: O(subtree size).
+        """
+        order: list[int] = []
+        stack = [root_id]
+        children_of = self._registry.children_of
+        while stack:
+            block_id = stack.pop()
+            order.append(block_id)
+            stack.extend(c for c in children_of(block_id) if c not in gone)
+        order.reverse()
+        return order
+
+    def _deepest_pinned_cached_block(self, gone: set[int], lost_children: dict[int, int]) -> int:
+        """A cached block with children, when the policy has no leaves left.
+
+        Such a block is pinned below by a referenced descendant: it happens
+        only when a request released a prefix while still holding later
+        blocks, or holds a block registered under another request's prefix.
+        The deepest one has no cached descendant (it would be deeper, or a
+        leaf), so dropping its subtree frees exactly one block; among equals
+        the least recently used goes.
+        Complexity: O(total_count); reached only in that rare case.
+        """
+        registry = self._registry
+        candidates = [
+            block_id
+            for block_id in np.flatnonzero(
+                registry.is_registered
+                & (self._active_refs == 0)
+                & (self._paused_refs == 0)
+                & (registry.num_children > 0)
+            ).tolist()
+            if block_id not in gone
+            and registry.num_children[block_id] > lost_children.get(block_id, 0)
+        ]
+        if not candidates:
+            raise InvariantError(
+                f"policy {type(self._policy).__name__} has no leaf to evict, "
+                "yet cached blocks remain"
+            )
+        ids = np.asarray(candidates)
+        depths = registry.depth_of[ids]
+        deepest = ids[depths == depths.max()]
+        return int(deepest[np.argmin(self._last_access[deepest])])
