@@ -79,6 +79,15 @@ class HazardPolicy:
     reuse at the age since the previous access. What it uses:
     ``last_access``, ``num_accesses``, ``depth`` and ``block_hash``.
 
+    What it uses the registration hook for (:meth:`on_register`): an evicted
+    hash registered again is a reuse of its prefix, and most such returns are
+    inner blocks of a longer request, which become leaves late or never.
+    Without the hook their reuses are learned late or not at all, and reuse
+    chances of multi-turn chains come out too low. The hook records the reuse
+    when the hash is registered (its age measured against the latest clock
+    seen, as the hook carries none) and keeps the earlier use count by hash
+    (bounded like the history) until the block is inserted.
+
     >>> policy = HazardPolicy()
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=1, depth=0)
     >>> policy.insert(2, block_hash=20, last_access=2, num_accesses=1, depth=0)
@@ -101,8 +110,8 @@ class HazardPolicy:
 
     Complexity: ``insert``, ``discard`` and ``touch`` O(log n) amortised;
     ``evict(k)`` O(k (C + log n)) amortised with C = 32 classes; every 256
-    events an O(C x 128) refresh of the score tables. Memory: O(pool size +
-    history_capacity). Not thread-safe.
+    events an O(C x 128) refresh of the score tables; ``on_register`` O(1) per
+    hash. Memory: O(pool size + history_capacity). Not thread-safe.
     """
 
     retains_unreferenced = True
@@ -200,8 +209,10 @@ class HazardPolicy:
             stay.last_access = last_access
         else:
             num_uses = num_accesses
-            ghost = self._history.pop(block_hash, None)
-            if ghost is not None:
+            returned_uses = self._returned.pop(block_hash, None)
+            if returned_uses is not None:  # its reuse was recorded at registration
+                num_uses += returned_uses
+            elif (ghost := self._history.pop(block_hash, None)) is not None:
                 earlier_uses, earlier_access, earlier_class = ghost
                 self._record_reuse(earlier_class, last_access - earlier_access)
                 num_uses += earlier_uses
@@ -210,6 +221,27 @@ class HazardPolicy:
             self._stays[block_id] = stay
             self._enter(klass)
         self._push(block_id, stay)
+
+    def on_register(self, block_hashes: list[int], first_depth: int) -> None:
+        """Learn the reuse of every remembered hash that was just registered again.
+
+        The reuse is recorded in the class the hash was evicted from, and its
+        earlier use count is kept for the insert of its block.
+
+        Args:
+            block_hashes: one run of newly registered hashes (not kept).
+            first_depth: chain position of the first; not used.
+
+        Complexity: O(len(block_hashes)).
+        """
+        for block_hash in block_hashes:
+            ghost = self._history.pop(block_hash, None)
+            if ghost is not None:
+                earlier_uses, earlier_access, earlier_class = ghost
+                self._record_reuse(earlier_class, self._now - earlier_access)
+                self._returned[block_hash] = earlier_uses
+                if len(self._returned) > self._history_capacity:
+                    self._returned.popitem(last=False)
 
     def _push(self, block_id: int, stay: _Stay) -> None:
         key = (stay.last_access, -stay.depth, block_id)
@@ -298,6 +330,9 @@ class HazardPolicy:
         self._stays: dict[int, _Stay] = {}  # block ID -> stay, tracked or out for a hit
         # Evicted hash -> (uses, last access, class) of its last stay, oldest first.
         self._history: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+        # Hash registered again after eviction -> uses of its earlier stays, until its
+        # block is inserted; oldest first.
+        self._returned: OrderedDict[int, int] = OrderedDict()
         self._entered = [0.0] * num_classes  # blocks that entered each class (decayed)
         self._reuses = [[0.0] * _NUM_AGE_BINS for _ in range(num_classes)]  # by age bin
         # Refreshed tables: _cumulative[c][b] = reuses of class c at age bins < b.

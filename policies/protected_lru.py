@@ -39,6 +39,16 @@ class ProtectedLRUPolicy:
     back with the arguments it left with (an allocator's rollback) takes its old
     place and class again.
 
+    What it uses the registration hook for (:meth:`on_register`): a remembered
+    hash that is registered again (an evicted prefix computed again, often as
+    the inside of a longer request) is moved to the recent end of the history.
+    Such a block becomes a leaf, and has its earlier uses counted, only when
+    everything registered below it is evicted, which can take longer than the
+    history lasts; the refresh keeps its count until then. On the traces
+    measured the default history is long enough that this changes no hit rate
+    (``benchmarks/policy_tables.md``, "on_register"); it matters with a short
+    history.
+
     >>> policy = ProtectedLRUPolicy()
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=2, depth=0)
     >>> policy.insert(2, block_hash=20, last_access=5, num_accesses=1, depth=0)
@@ -59,7 +69,8 @@ class ProtectedLRUPolicy:
 
     Complexity: ``insert`` and ``touch`` O(log n); ``discard`` O(1)
     amortised; ``evict(k)`` O(k log n) amortised (binary heaps with lazy
-    deletion, rebuilt when stale entries outnumber live ones). Memory:
+    deletion, rebuilt when stale entries outnumber live ones); ``on_register``
+    O(1) per hash. Memory:
     O(pool size + history_capacity). Not thread-safe.
     """
 
@@ -109,6 +120,23 @@ class ProtectedLRUPolicy:
         if (evicted_access, evicted_accesses) == (last_access, num_accesses):
             return earlier
         return earlier + evicted_accesses
+
+    def on_register(self, block_hashes: list[int], first_depth: int) -> None:
+        """Keep the use counts of remembered hashes that were just registered again.
+
+        Each such hash moves to the recent end of the history, so its earlier
+        uses are still known when its block becomes a leaf and is inserted.
+
+        Args:
+            block_hashes: one run of newly registered hashes (not kept).
+            first_depth: chain position of the first; not used.
+
+        Complexity: O(len(block_hashes)).
+        """
+        history = self._history
+        for block_hash in block_hashes:
+            if block_hash in history:
+                history.move_to_end(block_hash)
 
     def _place(self, block_id: int, last_access: int, num_uses: int) -> None:
         klass = 1 if num_uses >= 2 else 0

@@ -8,8 +8,10 @@ makes this one different.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from policies import ProtectedLRUPolicy
+from prefixcache import KVBlockAllocator
 from prefixcache.replay import replay
 from prefixcache.trace import TraceRequest
 
@@ -135,3 +137,75 @@ def test_replay_keeps_a_reused_prefix_through_one_off_prompts_where_lru_does_not
     lru = replay(requests, capacity=8, policy="lru")
     assert protected.hit_blocks == 8  # the second and the last request hit all four blocks
     assert lru.hit_blocks == 4
+
+
+def test_on_register_keeps_a_returning_hash_at_the_recent_end_of_the_history() -> None:
+    policy = ProtectedLRUPolicy(history_capacity=2)
+    for block_id in (1, 2):
+        insert(policy, block_id, last_access=block_id)
+    assert policy.evict(2) == [1, 2]  # history: 1000, 2000
+    policy.on_register([1000, 999], first_depth=0)  # 1000 computed again; 999 is new
+    insert(policy, 3, last_access=3)
+    assert policy.evict(1) == [3]  # history overflows: 2000 goes, not the returned 1000
+    assert [policy.remembered_uses(h) for h in (1000, 2000, 999)] == [1, 0, 0]
+
+
+def _returning_prefix_is_protected(policy: ProtectedLRUPolicy, observe: bool) -> bool:
+    """A prefix used twice, evicted, then computed again inside a longer request.
+
+    Before its block is a leaf again, four more hashes are evicted after it,
+    more than a history of four keeps unless the return refreshed it. Returns
+    whether the prefix is protected once its block is a leaf again.
+    ``observe=False`` hides the registration hook from the allocator (a
+    wrapper without ``on_register``), as before the hook.
+    """
+    allocator = KVBlockAllocator(
+        total_count=16,
+        block_size_tokens=2,
+        device="cpu",
+        eviction_policy=policy if observe else _WithoutHook(policy),
+    )
+
+    def compute(hashes: list[int]) -> torch.Tensor:
+        ids = allocator.allocate_memory_blocks(len(hashes))
+        allocator.register_kv_block_hashes(ids, hashes)
+        allocator.release_memory_blocks(ids)
+        return ids
+
+    prefix, one_off, other = 100, 200, 300
+    compute([prefix])
+    allocator.release_memory_blocks(allocator.match_prefix([prefix], acquire=True))  # a reuse
+    allocator.evict_cached_blocks(1)  # history: prefix (2 uses)
+    compute([one_off])
+    allocator.evict_cached_blocks(1)  # history: prefix, one_off
+    compute([other])
+    longer = compute([prefix, 101, 102])  # the prefix returns as an inner block
+    allocator.evict_cached_blocks(1)  # `other`, the oldest leaf
+    allocator.evict_cached_blocks(2)  # 102, then 101: the history overflows, the prefix is a leaf
+    prefix_id = int(longer[0])
+    assert prefix_id in policy
+    return policy.is_protected(prefix_id)
+
+
+class _WithoutHook:
+    """Delegates the policy protocol to ``policy`` but hides ``on_register``."""
+
+    def __init__(self, policy: ProtectedLRUPolicy) -> None:
+        self._policy = policy
+        self.retains_unreferenced = policy.retains_unreferenced
+        for name in ("insert", "discard", "touch", "evict", "clear"):
+            setattr(self, name, getattr(policy, name))
+
+    def __len__(self) -> int:
+        return len(self._policy)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._policy
+
+
+def test_a_reused_prefix_recomputed_inside_a_longer_request_comes_back_protected() -> None:
+    assert _returning_prefix_is_protected(ProtectedLRUPolicy(history_capacity=4), observe=True)
+
+
+def test_without_the_hook_the_same_prefix_is_forgotten_by_then() -> None:
+    assert not _returning_prefix_is_protected(ProtectedLRUPolicy(history_capacity=4), observe=False)
