@@ -1121,14 +1121,9 @@ class KVBlockAllocator:
         journal = self._journal()
         try:
             freed, dropped = self._planner.plan(shortfall, journal)
-            surplus = len(freed) - num_blocks
-            if surplus > 0:
-                self.pool.release(np.asarray(freed[:surplus], dtype=np.int32))
-                block_ids = np.asarray(freed[surplus:][::-1], dtype=np.int32)
-            else:
-                block_ids = np.concatenate(
-                    (np.asarray(freed[::-1], dtype=np.int32), self.pool.acquire(-surplus))
-                )
+            block_ids = np.concatenate(
+                (np.asarray(freed[::-1], dtype=np.int32), self.pool.acquire(num_blocks - shortfall))
+            )
         except BaseException:
             journal.rollback()
             raise

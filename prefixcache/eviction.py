@@ -66,13 +66,13 @@ class EvictionPlanner:
             journal: records the policy calls, for a rollback.
 
         Returns:
-            The blocks to free, in order; and the blocks that lose their hash
+            Exactly ``num_blocks`` blocks to free, in order; and the blocks that lose their hash
             (those, plus referenced descendants of a dropped subtree), in an
             order where each is childless at its turn.
 
         Raises:
             InvariantError: the policy chose something other than one cached
-                leaf, or has none left while blocks are cached. Policy calls
+                leaf, or has none left while cached leaves remain. Policy calls
                 already made stay in ``journal`` for the caller to roll back.
 
         Complexity: O(log n) policy work and O(1) else per evicted block.
@@ -116,9 +116,16 @@ class EvictionPlanner:
             else:
                 block_id = self._deepest_pinned_cached_block(gone, lost_children)
                 subtree = self.subtree(block_id, gone)
+                cached = [b for b in subtree if self.is_unreferenced(b)]
+                if len(cached) != 1:  # only block_id: a cached descendant is a lost leaf
+                    raise InvariantError(
+                        f"policy {type(self._policy).__name__} has no leaf to evict, yet "
+                        f"the subtree of pinned block {block_id} holds {len(cached) - 1} "
+                        "cached block(s) below it"
+                    )
                 gone.update(subtree)
                 dropped.extend(subtree)
-                freed.extend(b for b in subtree if self.is_unreferenced(b))
+                freed.append(block_id)
             # The parent loses a child; left a cached leaf, it joins the policy.
             parent_id = int(parent_of[block_id])
             if parent_id != ROOT:
