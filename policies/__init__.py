@@ -32,6 +32,7 @@ from policies.arc import ARCPolicy
 from policies.base import (
     EvictionPolicy,
     ObservesRegistrations,
+    PredictsNextVictim,
     SupportsRetention,
     UnknownPolicyError,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "LFUPolicy",
     "LRUPolicy",
     "ObservesRegistrations",
+    "PredictsNextVictim",
     "PriorityPolicy",
     "ProtectedLRUPolicy",
     "RefZeroPolicy",

@@ -131,3 +131,25 @@ class ObservesRegistrations(Protocol):
         the policy's history stays.
         """
         ...
+
+
+@runtime_checkable
+class PredictsNextVictim(Protocol):
+    """A policy that can tell, without a change, whether a leaf would be its next victim.
+
+    Evicting a chain from its end exposes the parent of each victim, which
+    the allocator must insert before asking for the next victim; under LRU
+    that parent, older than its child, is usually the next victim itself.
+    With this method the allocator skips the insert-and-evict round trip in
+    that case, and the order of victims is exactly as without it.
+    """
+
+    def evicts_first(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> bool:
+        """Whether ``evict(1)`` would return ``block_id`` right after inserting it with these.
+
+        Must not change which leaves are tracked or their order (dropping stale
+        internal entries is fine). Arguments as for :meth:`EvictionPolicy.insert`.
+        """
+        ...

@@ -63,6 +63,12 @@ class FIFOPolicy:
             victims.append(block_id)
         return victims
 
+    def evicts_first(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> bool:
+        """Whether a leaf queued now at ``last_access`` would leave first. Complexity: O(1)."""
+        return not self._order or (last_access, block_id) < self._order[0]
+
     def clear(self) -> None:
         """Forget every tracked leaf. Complexity: O(n)."""
         self._order.clear()

@@ -20,7 +20,8 @@ class LRUPolicy:
     ``SortedList`` (per-event costs: ``benchmarks/bench_policies.py``).
 
     Complexity: ``insert``, ``touch`` O(log n); ``discard`` O(1) amortised;
-    ``evict(k)`` O(k log n) amortised. Not thread-safe.
+    ``evict(k)`` O(k log n) amortised; ``evicts_first`` O(1) amortised. Not
+    thread-safe.
     """
 
     retains_unreferenced = True
@@ -56,6 +57,19 @@ class LRUPolicy:
                 del key_of[block_id]
                 victims.append(block_id)
         return victims
+
+    def evicts_first(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> bool:
+        """Whether a leaf inserted now with ``last_access`` would be the next victim.
+
+        Drops stale entries from the top of the heap (invisible: they are
+        skipped by :meth:`evict` anyway). Complexity: O(1) amortised.
+        """
+        heap, key_of = self._heap, self._key_of
+        while heap and key_of.get(heap[0][1]) != heap[0]:
+            heapq.heappop(heap)
+        return not heap or (last_access, block_id) < heap[0]
 
     def clear(self) -> None:
         self._heap.clear()

@@ -164,6 +164,7 @@ class KVBlockAllocator:
             self._paused_refs,
             self._last_access,
             self.num_usable,
+            self._leaf_args,
         )
         self._reset_counters()
 
@@ -419,8 +420,11 @@ class KVBlockAllocator:
             self.events.record_removed(removed)
 
     def _insert_leaf(self, block_id: int) -> None:
-        self.policy.insert(
-            block_id,
+        self.policy.insert(block_id, *self._leaf_args(block_id))
+
+    def _leaf_args(self, block_id: int) -> tuple[int, int, int, int]:
+        """What the policy is told of a leaf: hash, last access, hand-outs, depth."""
+        return (
             self.registry.hash_of(block_id),
             self._last_access.item(block_id),
             self._num_accesses.item(block_id),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from policies import EvictionPolicy
+from policies import EvictionPolicy, PredictsNextVictim
 from prefixcache.errors import InvariantError
 from prefixcache.journal import PolicyJournal
 from prefixcache.registry import ROOT, HashRegistry
@@ -31,6 +33,8 @@ class EvictionPlanner:
         active_refs, paused_refs: reference counts per block ID.
         last_access: clock of each registered block's last access.
         num_usable: usable blocks (the dummy block's ID).
+        leaf_args: a block's insert arguments after its ID (hash, last
+            access, accesses, depth), for the policy's ``evicts_first``.
     """
 
     def __init__(
@@ -41,8 +45,13 @@ class EvictionPlanner:
         paused_refs: np.ndarray,
         last_access: np.ndarray,
         num_usable: int,
+        leaf_args: Callable[[int], tuple[int, int, int, int]],
     ) -> None:
         self._policy = policy
+        self._leaf_args = leaf_args
+        # A policy that can say whether an exposed parent would be its next victim
+        # lets a chain be evicted from its end without a round trip per block.
+        self._evicts_first = policy.evicts_first if isinstance(policy, PredictsNextVictim) else None
         self._registry = registry
         self._active_refs = active_refs
         self._paused_refs = paused_refs
@@ -84,6 +93,8 @@ class EvictionPlanner:
         # Per evicted block this loop is the hot path of eviction-bound serving,
         # so the checks run inline on local names.
         pick, insert = self._policy.evict, journal.insert
+        evicts_first, leaf_args = self._evicts_first, self._leaf_args
+        next_victim = ROOT  # an exposed parent the policy would evict next, kept from it
         registry = self._registry
         is_registered, num_children, parent_of = (
             registry.is_registered,
@@ -92,8 +103,9 @@ class EvictionPlanner:
         )
         active, paused, num_usable = self._active_refs, self._paused_refs, self._num_usable
         while len(freed) < num_blocks:
-            victims = pick(1)
-            if victims:
+            if next_victim != ROOT:
+                block_id, next_victim = next_victim, ROOT
+            elif victims := pick(1):
                 block_id = victims[0]
                 if (  # not a cached leaf once the plan's removals apply
                     len(victims) != 1
@@ -110,29 +122,47 @@ class EvictionPlanner:
                     )
                 block_id = int(block_id)
                 journal.evicted(block_id)
-                gone.add(block_id)
-                freed.append(block_id)
-                dropped.append(block_id)
             else:
-                block_id = self._deepest_pinned_cached_block(gone, lost_children)
-                subtree = self.subtree(block_id, gone)
-                cached = [b for b in subtree if self.is_unreferenced(b)]
-                if len(cached) != 1:  # only block_id: a cached descendant is a lost leaf
-                    raise InvariantError(
-                        f"policy {type(self._policy).__name__} has no leaf to evict, yet "
-                        f"the subtree of pinned block {block_id} holds {len(cached) - 1} "
-                        "cached block(s) below it"
-                    )
-                gone.update(subtree)
-                dropped.extend(subtree)
-                freed.append(block_id)
-            # The parent loses a child; left a cached leaf, it joins the policy.
+                block_id = self._drop_pinned_subtree(gone, lost_children, dropped)
+            gone.add(block_id)
+            freed.append(block_id)
+            dropped.append(block_id)
+            # The parent loses a child; left a cached leaf, it joins the policy, unless the
+            # policy says it would evict it next: then it is the next victim directly.
             parent_id = int(parent_of[block_id])
             if parent_id != ROOT:
                 lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
                 if lost == num_children[parent_id] and not (active[parent_id] or paused[parent_id]):
-                    insert(parent_id)
+                    if (
+                        evicts_first is not None
+                        and len(freed) < num_blocks
+                        and evicts_first(parent_id, *leaf_args(parent_id))
+                    ):
+                        next_victim = parent_id
+                    else:
+                        insert(parent_id)
         return freed, dropped
+
+    def _drop_pinned_subtree(
+        self, gone: set[int], lost_children: dict[int, int], dropped: list[int]
+    ) -> int:
+        """The policy has no leaf left: plan to drop the deepest pinned cached block's subtree.
+
+        Its referenced descendants go to ``gone`` and ``dropped`` (they lose
+        their hashes); the block itself, the only one freed, is returned.
+        """
+        block_id = self._deepest_pinned_cached_block(gone, lost_children)
+        subtree = self.subtree(block_id, gone)  # children first: block_id is last
+        cached = [b for b in subtree if self.is_unreferenced(b)]
+        if len(cached) != 1:  # only block_id: a cached descendant is a lost leaf
+            raise InvariantError(
+                f"policy {type(self._policy).__name__} has no leaf to evict, yet "
+                f"the subtree of pinned block {block_id} holds {len(cached) - 1} "
+                "cached block(s) below it"
+            )
+        gone.update(subtree[:-1])
+        dropped.extend(subtree[:-1])
+        return block_id
 
     def is_unreferenced(self, block_id: int) -> bool:
         """Whether no request, running or paused, holds ``block_id``. O(1)."""

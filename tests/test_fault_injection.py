@@ -40,6 +40,7 @@ import numpy as np
 import pytest
 
 import policies
+from policies import PredictsNextVictim
 from prefixcache import KVBlockAllocator, PrefixCacheError, hashing
 from prefixcache.pool import BlockPool
 
@@ -50,7 +51,6 @@ BLOCK_SIZE = 2
 SEEDS = range(8)
 STEPS = 80
 POOL_METHODS = ("acquire", "release", "reset", "free_ids")
-POLICY_METHODS = ("insert", "discard", "touch", "evict", "clear", "__len__", "__contains__")
 
 
 class InjectedFault(Exception):
@@ -124,6 +124,15 @@ class FaultyPolicy:
     def __contains__(self, block_id: object) -> bool:
         self.plan.tick("policy.__contains__")
         return block_id in self.inner
+
+    def evicts_first(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> bool:
+        """Forwards when the inner policy predicts its next victim; else never predicts."""
+        self.plan.tick("policy.evicts_first")
+        if not isinstance(self.inner, PredictsNextVictim):
+            return False
+        return self.inner.evicts_first(block_id, block_hash, last_access, num_accesses, depth)
 
 
 def instrument_pool(allocator: KVBlockAllocator, plan: FaultPlan) -> None:
