@@ -56,6 +56,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from machine import cpu_model  # benchmarks/machine.py, beside this script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PEERS_PYTHON = "/root/.venv-peers/bin/python"
@@ -140,17 +141,6 @@ def _table(header: list[str], rows: list[list[str]]) -> None:
     print()
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def print_environment() -> None:
     """Machine and library versions: numbers mean nothing without them."""
     import sortedcontainers
@@ -160,7 +150,7 @@ def print_environment() -> None:
     prefixcache = _import_prefixcache()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print("## Environment\n")
-    print(f"- machine: {_cpu_model()}, {os.cpu_count()} CPUs, {platform.platform()}")
+    print(f"- machine: {cpu_model()}, {os.cpu_count()} CPUs, {platform.platform()}")
     print(f"- load average at start: {load}")
     print(f"- Python {platform.python_version()} ({platform.python_implementation()})")
     print(

@@ -44,6 +44,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import xxhash
+from machine import cpu_model  # benchmarks/machine.py, beside this script
 
 from prefixcache import hashing as hashing_module
 from prefixcache.hashing import compute_block_hashes
@@ -380,17 +381,6 @@ def _row(name: str, config: str, t: Timing) -> str:
     return f"| {name} | {config} | {t.low:.2f} | {t.median:.2f} | {t.high:.2f} | {faults} |"
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def _version(module: str) -> str:
     try:
         return importlib.metadata.version(module)
@@ -399,7 +389,7 @@ def _version(module: str) -> str:
 
 
 def print_machine() -> None:
-    print(f"- machine: {platform.platform()}; {_cpu_model()}; {os.cpu_count()} CPUs")
+    print(f"- machine: {platform.platform()}; {cpu_model()}; {os.cpu_count()} CPUs")
     print(f"- python {platform.python_version()} ({sys.executable})")
     print(
         f"- torch {_version('torch')}, numpy {np.__version__}, xxhash {xxhash.VERSION}, "
