@@ -578,6 +578,7 @@ class KVBlockAllocator:
         a pinned cached ancestor, or a ref-zero release of a shared prefix,
         drops the hashes below it. A caller that continues a chain with
         ``parent_hash`` asks here first and re-registers from the root if not.
+
         Raises:
             InvalidArgumentError: ``block_hash`` is not an int.
 
