@@ -414,7 +414,6 @@ class KVBlockAllocator:
         removed = self.registry.deregister_leaves(dropped)
         if self.routing is not None:
             self.routing.clear(np.asarray(freed, dtype=np.intp))
-        self._num_cached += len(hashed) - len(freed)
         self._num_dropped += len(freed)
         if self.events is not None and removed:
             self.events.record_removed(removed)
@@ -802,10 +801,11 @@ class KVBlockAllocator:
         return held
 
     def _is_fresh_chain(self, ids: np.ndarray, id_list: list[int], hashes: list[int]) -> bool:
-        """Distinct unregistered blocks and hashes nobody holds: the common registration."""
+        """Distinct unregistered blocks, distinct hashes nobody holds: the common registration."""
         return (
             not np.count_nonzero(self.registry.is_registered[ids])
             and len(set(id_list)) == len(id_list)
+            and len(set(hashes)) == len(hashes)
             and self.registry.holds_none(hashes)
         )
 
