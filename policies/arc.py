@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from typing import Any
 
 from sortedcontainers import SortedList
+
+from policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
 
 
 class ARCPolicy:
@@ -29,6 +31,12 @@ class ARCPolicy:
     more than one hand-out (a parent exposed after its child was evicted,
     hit before) goes to ``T2``. Ghost lists hold hashes only, never blocks,
     each its ``ghost_capacity`` most recent.
+
+    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    with what it changed (a ghost removed in place, ``p``, a stay, a key),
+    so the allocator journal's inverse calls restore all of it: an evicted
+    leaf put back returns to its list without a ghost hit, and its ghost
+    entry goes.
 
     What it uses: ``last_access``, ``num_accesses`` and ``block_hash``.
 
@@ -77,35 +85,51 @@ class ARCPolicy:
         self._in_t2: dict[int, bool] = {}  # tracked block ID -> whether it sits in T2
         # block ID -> (hash, hand-outs last seen, frequent), tracked or out for a hit.
         self._stays: dict[int, tuple[int, int, bool]] = {}
-        self._b1: OrderedDict[int, None] = OrderedDict()  # hashes evicted from T1, oldest first
-        self._b2: OrderedDict[int, None] = OrderedDict()  # hashes evicted from T2, oldest first
+        self._b1: LinkedMap[None] = LinkedMap()  # hashes evicted from T1, oldest first
+        self._b2: LinkedMap[None] = LinkedMap()  # hashes evicted from T2, oldest first
+        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id`` in T1 or T2, adapting ``p`` on a ghost hit. Complexity: O(log n)."""
+        args = (block_hash, last_access, num_accesses, depth)
+        if self._undo.undo_insert(block_id, args, self._restore):
+            return
         stay = self._stays.get(block_id)
+        ghost = None
         if stay is not None and stay[0] == block_hash and stay[1] <= num_accesses:
             frequent = stay[2] or num_accesses > stay[1]
         else:
-            frequent = num_accesses > 1 or self._ghost_hit(block_hash)
+            frequent = num_accesses > 1
+            if not frequent:
+                ghost = self._ghost_hit(block_hash)
+                frequent = ghost is not None
         self._stays[block_id] = (block_hash, num_accesses, frequent)
         self._place(block_id, last_access, frequent)
+        self._undo.inserted(block_id, args, (stay, ghost))
 
-    def _ghost_hit(self, block_hash: int) -> bool:
-        """Adapt ``p`` if ``block_hash`` is a ghost and drop it from its list; return if it was."""
+    def _ghost_hit(self, block_hash: int) -> tuple[LinkedMap[None], int, list[Any], float] | None:
+        """Adapt ``p`` if ``block_hash`` is a ghost and drop it from its list.
+
+        Returns what puts it back (its list, the hash, its link, the old ``p``), or None if not
+        a ghost.
+        """
         scale = max(len(self._key_of), 1)
+        share = self._recency_share
         if block_hash in self._b1:
             step = max(1.0, len(self._b2) / len(self._b1))
-            self._recency_share = min(1.0, self._recency_share + step / scale)
-            del self._b1[block_hash]
-            return True
-        if block_hash in self._b2:
+            self._recency_share = min(1.0, share + step / scale)
+            ghosts = self._b1
+        elif block_hash in self._b2:
             step = max(1.0, len(self._b1) / len(self._b2))
-            self._recency_share = max(0.0, self._recency_share - step / scale)
-            del self._b2[block_hash]
-            return True
-        return False
+            self._recency_share = max(0.0, share - step / scale)
+            ghosts = self._b2
+        else:
+            return None
+        link = ghosts.unlink(block_hash)
+        assert link is not None
+        return ghosts, block_hash, link, share
 
     def _place(self, block_id: int, last_access: int, frequent: bool) -> None:
         key = (last_access, block_id)
@@ -119,8 +143,14 @@ class ARCPolicy:
         Raises:
             KeyError: ``block_id`` is not tracked.
         """
+        self._undo.discarded(block_id, self._remove(block_id))
+
+    def _remove(self, block_id: int) -> tuple[tuple[int, int], bool]:
+        """Untrack ``block_id``; return its key and whether it sat in T2."""
         key = self._key_of.pop(block_id)
-        (self._t2 if self._in_t2.pop(block_id) else self._t1).remove(key)
+        in_t2 = self._in_t2.pop(block_id)
+        (self._t2 if in_t2 else self._t1).remove(key)
+        return key, in_t2
 
     def touch(self, block_id: int, now: int) -> None:
         """Record a use at ``now``: the leaf moves to T2. Complexity: O(log n).
@@ -128,10 +158,11 @@ class ARCPolicy:
         Raises:
             KeyError: ``block_id`` is not tracked.
         """
-        self.discard(block_id)
-        block_hash, num_accesses, _ = self._stays[block_id]
-        self._stays[block_id] = (block_hash, num_accesses, True)
+        key, in_t2 = self._remove(block_id)
+        stay = self._stays[block_id]
+        self._stays[block_id] = (stay[0], stay[1], True)
         self._place(block_id, now, True)
+        self._undo.touched(block_id, now, (key, in_t2, stay))
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves by ARC's rule. Complexity: O(k log n)."""
@@ -139,18 +170,56 @@ class ARCPolicy:
         while len(victims) < num_blocks and self._key_of:
             t1_over_share = len(self._t1) > self._recency_share * len(self._key_of)
             from_t1 = bool(self._t1) and (t1_over_share or not self._t2)
-            _, block_id = (self._t1 if from_t1 else self._t2).pop(0)
+            key = (self._t1 if from_t1 else self._t2).pop(0)
+            block_id = key[1]
             del self._key_of[block_id], self._in_t2[block_id]
-            block_hash = self._stays.pop(block_id)[0]
-            self._remember(self._b1 if from_t1 else self._b2, block_hash)
+            stay = self._stays.pop(block_id)
+            ghosts = self._b1 if from_t1 else self._b2
+            remembered = self._remember(ghosts, stay[0])
+            self._undo.evicted(block_id, (key, not from_t1, stay, ghosts, remembered))
             victims.append(block_id)
+        if not victims:
+            self._undo.evicted_nothing()
         return victims
 
-    def _remember(self, ghosts: OrderedDict[int, None], block_hash: int) -> None:
-        if self._ghost_capacity:
-            ghosts[block_hash] = None
-            if len(ghosts) > self._ghost_capacity:
-                ghosts.popitem(last=False)
+    def _remember(
+        self, ghosts: LinkedMap[None], block_hash: int
+    ) -> tuple[bool, tuple[int, list[Any]] | None]:
+        """Put ``block_hash`` on ``ghosts``; return whether it is new there and what was dropped."""
+        if not self._ghost_capacity:
+            return False, None
+        is_new = block_hash not in ghosts
+        ghosts.put(block_hash, None)
+        dropped = ghosts.unlink_oldest() if len(ghosts) > self._ghost_capacity else None
+        return is_new, dropped
+
+    def _restore(self, kind: int, block_id: int, data: Any) -> None:
+        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        if kind == INSERTED:
+            self._remove(block_id)
+            stay, ghost = data
+            if stay is None:
+                del self._stays[block_id]
+            else:
+                self._stays[block_id] = stay
+            if ghost is not None:
+                ghosts, block_hash, link, self._recency_share = ghost
+                ghosts.relink(block_hash, link)
+            return
+        if kind == TOUCHED:
+            self._remove(block_id)
+            key, in_t2, self._stays[block_id] = data
+        elif kind == EVICTED:
+            key, in_t2, self._stays[block_id], ghosts, (is_new, dropped) = data
+            if dropped is not None:
+                ghosts.relink(*dropped)
+            if is_new:
+                ghosts.unlink(self._stays[block_id][0])
+        else:
+            key, in_t2 = data
+        self._key_of[block_id] = key
+        self._in_t2[block_id] = in_t2
+        (self._t2 if in_t2 else self._t1).add(key)
 
     def clear(self) -> None:
         """Forget every tracked leaf, stay and ghost. Complexity: O(n)."""
@@ -162,6 +231,7 @@ class ARCPolicy:
         self._b1.clear()
         self._b2.clear()
         self._recency_share = self._initial_share
+        self._undo.clear()
 
     @property
     def recency_share(self) -> float:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
+
+from policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
 
 _BINS_PER_OCTAVE = 4  # age histogram resolution: bins grow by 2 ** (1 / 4)
 _NUM_AGE_BINS = 128  # covers idle ages up to 2 ** 32 clock ticks
@@ -88,6 +90,13 @@ class HazardPolicy:
     seen, as the hook carries none) and keeps the earlier use count by hash
     (bounded like the history) until the block is inserted.
 
+    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    with what it changed (a stay, history entries removed in place, the
+    learned counts, and the score tables when it refreshed them), so the
+    allocator journal's inverse calls restore all of it: an evicted leaf
+    put back is not learned as a reuse at age 0 nor counted twice.
+    :meth:`on_register` cannot be taken back: it drops the records.
+
     >>> policy = HazardPolicy()
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=1, depth=0)
     >>> policy.insert(2, block_hash=20, last_access=2, num_accesses=1, depth=0)
@@ -151,17 +160,44 @@ class HazardPolicy:
 
     # -- learning -----------------------------------------------------------------
 
-    def _enter(self, klass: int) -> None:
+    def _enter(self, klass: int, learned: list[tuple[int, int, float]]) -> None:
+        """Count a block entering ``klass``; note the old count in ``learned`` (bin -1)."""
+        learned.append((klass, -1, self._entered[klass]))
         self._entered[klass] += 1.0
-        self._tick()
+        self._tick(learned)
 
-    def _record_reuse(self, klass: int, age: int) -> None:
-        self._reuses[klass][_age_bin(max(age, 0))] += 1.0
+    def _record_reuse(self, klass: int, age: int, learned: list[tuple[int, int, float]]) -> None:
+        """Count a reuse at ``age``; note the old count in ``learned``."""
+        reuses, age_bin = self._reuses[klass], _age_bin(max(age, 0))
+        learned.append((klass, age_bin, reuses[age_bin]))
+        reuses[age_bin] += 1.0
 
-    def _tick(self) -> None:
+    def _tick(self, learned: list[Any]) -> None:
+        """Count an event; every ``_REFRESH_EVENTS``, refresh, noting the tables in ``learned``."""
         self._events += 1
         if self._events % self._REFRESH_EVENTS == 0:
+            learned.append(
+                (
+                    self._entered[:],
+                    [reuses[:] for reuses in self._reuses],
+                    [cumulative[:] for cumulative in self._cumulative],
+                    self._pooled,
+                )
+            )
             self._refresh()
+
+    def _unlearn(self, learned: list[Any], events: int) -> None:
+        """Put back the counts and tables a call changed, as noted in ``learned``."""
+        for note in reversed(learned):
+            if len(note) == 4:
+                self._entered, self._reuses, self._cumulative, self._pooled = note
+                continue
+            klass, age_bin, count = note
+            if age_bin < 0:
+                self._entered[klass] = count
+            else:
+                self._reuses[klass][age_bin] = count
+        self._events = events
 
     def _refresh(self) -> None:
         """Decay the counts and rebuild the cumulative reuse tables. O(C x bins)."""
@@ -196,31 +232,40 @@ class HazardPolicy:
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id``, learning from a hit or a returning hash. Complexity: O(log n)."""
-        self._now = max(self._now, last_access)
+        args = (block_hash, last_access, num_accesses, depth)
+        if self._undo.undo_insert(block_id, args, self._restore):
+            return
+        now, events, learned, links = self._now, self._events, [], []
+        self._now = max(now, last_access)
         stay = self._stays.get(block_id)
+        old_stay = stay
         if stay is not None and stay.block_hash == block_hash and stay.num_accesses <= num_accesses:
+            old_stay = replace(stay)
             new_uses = num_accesses - stay.num_accesses
             if new_uses:
-                self._record_reuse(stay.klass, last_access - stay.last_access)
+                self._record_reuse(stay.klass, last_access - stay.last_access, learned)
                 stay.num_uses += new_uses
                 stay.num_accesses = num_accesses
                 stay.klass = _class_of(stay.num_uses, depth)
-                self._enter(stay.klass)
+                self._enter(stay.klass, learned)
             stay.last_access = last_access
         else:
             num_uses = num_accesses
-            returned_uses = self._returned.pop(block_hash, None)
-            if returned_uses is not None:  # its reuse was recorded at registration
-                num_uses += returned_uses
-            elif (ghost := self._history.pop(block_hash, None)) is not None:
-                earlier_uses, earlier_access, earlier_class = ghost
-                self._record_reuse(earlier_class, last_access - earlier_access)
+            returned = self._returned.unlink(block_hash)
+            if returned is not None:  # its reuse was recorded at registration
+                links.append((self._returned, block_hash, returned))
+                num_uses += returned[2]
+            elif (ghost := self._history.unlink(block_hash)) is not None:
+                links.append((self._history, block_hash, ghost))
+                earlier_uses, earlier_access, earlier_class = ghost[2]
+                self._record_reuse(earlier_class, last_access - earlier_access, learned)
                 num_uses += earlier_uses
             klass = _class_of(num_uses, depth)
             stay = _Stay(block_hash, num_accesses, num_uses, depth, last_access, klass)
             self._stays[block_id] = stay
-            self._enter(klass)
+            self._enter(klass, learned)
         self._push(block_id, stay)
+        self._undo.inserted(block_id, args, (old_stay, now, events, learned, links))
 
     def on_register(self, block_hashes: list[int], first_depth: int) -> None:
         """Learn the reuse of every remembered hash that was just registered again.
@@ -234,14 +279,15 @@ class HazardPolicy:
 
         Complexity: O(len(block_hashes)).
         """
+        self._undo.commit()
         for block_hash in block_hashes:
-            ghost = self._history.pop(block_hash, None)
+            ghost = self._history.unlink(block_hash)
             if ghost is not None:
-                earlier_uses, earlier_access, earlier_class = ghost
-                self._record_reuse(earlier_class, self._now - earlier_access)
-                self._returned[block_hash] = earlier_uses
+                earlier_uses, earlier_access, earlier_class = ghost[2]
+                self._record_reuse(earlier_class, self._now - earlier_access, [])
+                self._returned.put(block_hash, earlier_uses)
                 if len(self._returned) > self._history_capacity:
-                    self._returned.popitem(last=False)
+                    self._returned.unlink_oldest()
 
     def _push(self, block_id: int, stay: _Stay) -> None:
         key = (stay.last_access, -stay.depth, block_id)
@@ -267,6 +313,7 @@ class HazardPolicy:
             KeyError: ``block_id`` is not tracked.
         """
         del self._tracked[block_id]
+        self._undo.discarded(block_id, None)
 
     def touch(self, block_id: int, now: int) -> None:
         """Record a reuse at ``now``. Complexity: O(log n) amortised.
@@ -276,13 +323,15 @@ class HazardPolicy:
         """
         del self._tracked[block_id]
         stay = self._stays[block_id]
+        undo = (replace(stay), self._now, self._events, learned := [])
         self._now = max(self._now, now)
-        self._record_reuse(stay.klass, now - stay.last_access)
+        self._record_reuse(stay.klass, now - stay.last_access, learned)
         stay.num_uses += 1
         stay.last_access = now
         stay.klass = _class_of(stay.num_uses, stay.depth)
-        self._enter(stay.klass)
+        self._enter(stay.klass, learned)
         self._push(block_id, stay)
+        self._undo.touched(block_id, now, undo)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, lowest hazard first.
@@ -306,20 +355,58 @@ class HazardPolicy:
             heapq.heappop(self._heaps[klass])
             self._num_keys -= 1
             victims.append(self._forget(key))
+        if not victims:
+            self._undo.evicted_nothing()
         return victims
 
     def _forget(self, key: tuple[int, int, int]) -> int:
         last_access, _, block_id = key
         del self._tracked[block_id]
         stay = self._stays.pop(block_id)
-        age = self._now - last_access
-        self._lifetime += (age - self._lifetime) * self._smoothing
+        lifetime, events, learned = self._lifetime, self._events, []
+        self._lifetime += (self._now - last_access - lifetime) * self._smoothing
+        history = None
         if self._history_capacity:
-            self._history[stay.block_hash] = (stay.num_uses, stay.last_access, stay.klass)
+            old = self._history.get(stay.block_hash)  # None: not there
+            self._history.put(stay.block_hash, (stay.num_uses, stay.last_access, stay.klass))
+            dropped = None
             if len(self._history) > self._history_capacity:
-                self._history.popitem(last=False)
-        self._tick()
+                dropped = self._history.unlink_oldest()
+            history = (old, dropped)
+        self._tick(learned)
+        self._undo.evicted(block_id, (stay, lifetime, events, learned, history))
         return block_id
+
+    def _restore(self, kind: int, block_id: int, data: Any) -> None:
+        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        if kind == INSERTED:
+            del self._tracked[block_id]
+            stay, self._now, events, learned, links = data
+            if stay is None:
+                del self._stays[block_id]
+            else:
+                self._stays[block_id] = stay
+            self._unlearn(learned, events)
+            for ghosts, block_hash, link in links:
+                ghosts.relink(block_hash, link)
+            return
+        if kind == TOUCHED:
+            del self._tracked[block_id]
+            self._stays[block_id], self._now, events, learned = data
+            self._unlearn(learned, events)
+        elif kind == EVICTED:
+            stay, self._lifetime, events, learned, history = data
+            self._unlearn(learned, events)
+            if history is not None:
+                old, dropped = history
+                if dropped is not None:
+                    self._history.relink(*dropped)
+                if old is None:
+                    self._history.unlink(stay.block_hash)
+                else:
+                    self._history.put(stay.block_hash, old)
+            self._stays[block_id] = stay
+        self._push(block_id, self._stays[block_id])
 
     def clear(self) -> None:
         """Forget every tracked leaf, stay, history and statistic. Complexity: O(n)."""
@@ -329,10 +416,10 @@ class HazardPolicy:
         self._num_keys = 0  # heap entries, stale ones included
         self._stays: dict[int, _Stay] = {}  # block ID -> stay, tracked or out for a hit
         # Evicted hash -> (uses, last access, class) of its last stay, oldest first.
-        self._history: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+        self._history: LinkedMap[tuple[int, int, int]] = LinkedMap()
         # Hash registered again after eviction -> uses of its earlier stays, until its
         # block is inserted; oldest first.
-        self._returned: OrderedDict[int, int] = OrderedDict()
+        self._returned: LinkedMap[int] = LinkedMap()
         self._entered = [0.0] * num_classes  # blocks that entered each class (decayed)
         self._reuses = [[0.0] * _NUM_AGE_BINS for _ in range(num_classes)]  # by age bin
         # Refreshed tables: _cumulative[c][b] = reuses of class c at age bins < b.
@@ -341,6 +428,7 @@ class HazardPolicy:
         self._events = 0
         self._lifetime = 0.0  # running mean idle age of victims: the window W
         self._now = 0
+        self._undo = UndoLog()
 
     def __len__(self) -> int:
         return len(self._tracked)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sortedcontainers import SortedList
+
+from policies.undo import INSERTED, TOUCHED, UndoLog
 
 
 class LFUPolicy:
@@ -18,6 +22,11 @@ class LFUPolicy:
     so a prefix hit counts) plus one per :meth:`touch` while cached, each
     multiplied by ``frequency_weight``: below 1 ages bursts out faster, above
     1 keeps frequent blocks longer. A block's history ends when it is evicted.
+
+    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    with the key, count and age it replaced, so the allocator journal's
+    inverse calls (an evicted leaf inserted again with its arguments, ...)
+    restore the exact keys and age instead of re-scoring at the raised age.
 
     >>> policy = LFUPolicy()
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=5, depth=0)
@@ -51,13 +60,18 @@ class LFUPolicy:
         self._order: SortedList = SortedList()
         self._key_of: dict[int, tuple[float, int, int]] = {}
         self._accesses: dict[int, int] = {}  # block ID -> accesses counted so far
+        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Score ``block_id`` at the current age plus its accesses. Complexity: O(log n)."""
+        args = (block_hash, last_access, num_accesses, depth)
+        if self._undo.undo_insert(block_id, args, self._restore):
+            return
         self._accesses[block_id] = num_accesses
         self._place(block_id, last_access)
+        self._undo.inserted(block_id, args, None)
 
     def _place(self, block_id: int, last_access: int) -> None:
         key = (self._age + self._weight * self._accesses[block_id], last_access, block_id)
@@ -66,25 +80,47 @@ class LFUPolicy:
 
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``. Raises KeyError if untracked. Complexity: O(log n)."""
-        self._order.remove(self._key_of.pop(block_id))
-        del self._accesses[block_id]
+        key = self._key_of.pop(block_id)
+        self._order.remove(key)
+        self._undo.discarded(block_id, (key, self._accesses.pop(block_id)))
 
     def touch(self, block_id: int, now: int) -> None:
         """Count one access and re-score at the current age. Complexity: O(log n)."""
-        self._order.remove(self._key_of[block_id])
-        self._accesses[block_id] += 1
+        key = self._key_of[block_id]
+        self._order.remove(key)
+        num_accesses = self._accesses[block_id]
+        self._accesses[block_id] = num_accesses + 1
         self._place(block_id, now)
+        self._undo.touched(block_id, now, (key, num_accesses))
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` lowest-scored leaves, raising the age. O(k log n)."""
         victims: list[int] = []
         while len(victims) < num_blocks and self._order:
-            score, _, block_id = self._order.pop(0)
-            self._age = max(self._age, score)
+            key = self._order.pop(0)
+            block_id, age = key[2], self._age
+            self._age = max(age, key[0])
             del self._key_of[block_id]
-            del self._accesses[block_id]
+            self._undo.evicted(block_id, (key, self._accesses.pop(block_id), age))
             victims.append(block_id)
+        if not victims:
+            self._undo.evicted_nothing()
         return victims
+
+    def _restore(self, kind: int, block_id: int, data: Any) -> None:
+        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        if kind == INSERTED:
+            self._order.remove(self._key_of.pop(block_id))
+            del self._accesses[block_id]
+            return
+        key, num_accesses, *age = data
+        if kind == TOUCHED:  # drop the key it placed
+            self._order.remove(self._key_of[block_id])
+        if age:
+            self._age = age[0]
+        self._key_of[block_id] = key
+        self._accesses[block_id] = num_accesses
+        self._order.add(key)
 
     def clear(self) -> None:
         """Forget every tracked leaf and reset the age. Complexity: O(n)."""
@@ -92,6 +128,7 @@ class LFUPolicy:
         self._key_of.clear()
         self._accesses.clear()
         self._age = 0.0
+        self._undo.clear()
 
     def __len__(self) -> int:
         return len(self._key_of)

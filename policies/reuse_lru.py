@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from typing import Any
 
 from sortedcontainers import SortedList
+
+from policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
 
 
 class ReuseLRUPolicy:
@@ -29,6 +31,12 @@ class ReuseLRUPolicy:
     block. Stays are remembered by block ID while a block is out of the
     policy for a hit (bounded by the pool), so the history is not counted
     twice.
+
+    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    with what it changed (a key, a stay, a history entry removed in place,
+    the eviction age), so the allocator journal's inverse calls restore all
+    of it: an evicted leaf put back keeps its key and leaves the eviction
+    age and the history as they were.
 
     >>> policy = ReuseLRUPolicy(age_smoothing=1.0)
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=1, depth=0)
@@ -87,19 +95,28 @@ class ReuseLRUPolicy:
         self._last_access: dict[int, int] = {}  # tracked block ID -> last access
         # block ID -> (hash, hand-outs last seen, hand-outs of earlier stays), tracked or hit.
         self._stays: dict[int, tuple[int, int, int]] = {}
-        self._history: OrderedDict[int, int] = OrderedDict()  # evicted hash -> hand-outs
+        self._history: LinkedMap[int] = LinkedMap()  # evicted hash -> hand-outs
+        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id`` at its last access, plus the bonus if reused. Complexity: O(log n)."""
+        args = (block_hash, last_access, num_accesses, depth)
+        if self._undo.undo_insert(block_id, args, self._restore):
+            return
         stay = self._stays.get(block_id)
+        history = None
         if stay is None or stay[0] != block_hash or stay[1] > num_accesses:
-            earlier = self._history.pop(block_hash, 0)
+            link = self._history.unlink(block_hash)
+            earlier = 0 if link is None else link[2]
+            history = None if link is None else (block_hash, link)
         else:
             earlier = stay[2]
         self._stays[block_id] = (block_hash, num_accesses, earlier)
+        now = self._now
         self._place(block_id, last_access, earlier + num_accesses)
+        self._undo.inserted(block_id, args, (stay, history, now))
 
     def _place(self, block_id: int, last_access: int, num_uses: int) -> None:
         self._now = max(self._now, last_access)
@@ -115,31 +132,82 @@ class ReuseLRUPolicy:
         Raises:
             KeyError: ``block_id`` is not tracked.
         """
-        self._order.remove(self._key_of.pop(block_id))
-        del self._last_access[block_id]
+        self._undo.discarded(block_id, self._remove(block_id))
+
+    def _remove(self, block_id: int) -> tuple[tuple[float, int], int]:
+        """Untrack ``block_id``; return its key and last access."""
+        key = self._key_of.pop(block_id)
+        self._order.remove(key)
+        return key, self._last_access.pop(block_id)
 
     def touch(self, block_id: int, now: int) -> None:
         """Record a use at ``now``; the block counts as reused. Complexity: O(log n)."""
-        self._order.remove(self._key_of[block_id])
-        block_hash, num_accesses, earlier = self._stays[block_id]
+        stay = self._stays[block_id]
+        key, last_access = self._remove(block_id)
+        block_hash, num_accesses, earlier = stay
         self._stays[block_id] = (block_hash, num_accesses, earlier + 1)
+        old_now = self._now
         self._place(block_id, now, earlier + 1 + num_accesses)
+        self._undo.touched(block_id, now, (key, last_access, stay, old_now))
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, smallest key first. Complexity: O(k log n)."""
         victims: list[int] = []
         while len(victims) < num_blocks and self._order:
-            _, block_id = self._order.pop(0)
+            key = self._order.pop(0)
+            block_id = key[1]
             del self._key_of[block_id]
-            age = self._now - self._last_access.pop(block_id)
-            self._eviction_age += (age - self._eviction_age) * self._smoothing
-            block_hash, num_accesses, earlier = self._stays.pop(block_id)
+            last_access = self._last_access.pop(block_id)
+            eviction_age = self._eviction_age
+            self._eviction_age += (self._now - last_access - eviction_age) * self._smoothing
+            stay = self._stays.pop(block_id)
+            history = None
             if self._history_capacity:
-                self._history[block_hash] = earlier + num_accesses
+                block_hash, num_accesses, earlier = stay
+                history = self._history.get(block_hash)  # None: not there
+                self._history.put(block_hash, earlier + num_accesses)
+                dropped = None
                 if len(self._history) > self._history_capacity:
-                    self._history.popitem(last=False)
+                    dropped = self._history.unlink_oldest()
+                history = (history, dropped)
+            undo = (key, last_access, eviction_age, stay, history)
+            self._undo.evicted(block_id, undo)
             victims.append(block_id)
+        if not victims:
+            self._undo.evicted_nothing()
         return victims
+
+    def _restore(self, kind: int, block_id: int, data: Any) -> None:
+        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        if kind == INSERTED:
+            self._remove(block_id)
+            stay, history, self._now = data
+            if stay is None:
+                del self._stays[block_id]
+            else:
+                self._stays[block_id] = stay
+            if history is not None:
+                self._history.relink(*history)
+            return
+        if kind == TOUCHED:
+            self._remove(block_id)
+            key, last_access, self._stays[block_id], self._now = data
+        elif kind == EVICTED:
+            key, last_access, self._eviction_age, stay, history = data
+            self._stays[block_id] = stay
+            if history is not None:
+                old, dropped = history
+                if dropped is not None:
+                    self._history.relink(*dropped)
+                if old is None:
+                    self._history.unlink(stay[0])
+                else:
+                    self._history.put(stay[0], old)
+        else:
+            key, last_access = data
+        self._key_of[block_id] = key
+        self._last_access[block_id] = last_access
+        self._order.add(key)
 
     def clear(self) -> None:
         """Forget every tracked leaf, stay and history. Complexity: O(n)."""
@@ -150,6 +218,7 @@ class ReuseLRUPolicy:
         self._history.clear()
         self._eviction_age = 0.0
         self._now = 0
+        self._undo.clear()
 
     def __len__(self) -> int:
         return len(self._key_of)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from sortedcontainers import SortedList
+
+from policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
 
 _MAX_FREQUENCY = 3  # S3-FIFO's two-bit counter
 
@@ -54,6 +56,12 @@ class S3FIFOPolicy:
     The ghost list holds hashes only, never blocks; it keeps the most recent
     ``ghost_capacity`` of them.
 
+    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    with what it changed (a stay, a ghost removed in place, the queue moves
+    an eviction made before its victim, the clocks), so the allocator
+    journal's inverse calls restore all of it: an evicted leaf put back
+    returns to its old queue place with its old count, and its ghost goes.
+
     >>> policy = S3FIFOPolicy()
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=1, depth=0)
     >>> policy.evict(1)
@@ -100,9 +108,12 @@ class S3FIFOPolicy:
         self._main: SortedList = SortedList()  # keys of tracked leaves in the main queue
         self._tracked: set[int] = set()
         self._stays: dict[int, _Stay] = {}  # block ID -> its stay, tracked or out for a hit
-        self._ghost: OrderedDict[int, None] = OrderedDict()  # evicted hashes, oldest first
+        self._ghost: LinkedMap[None] = LinkedMap()  # evicted hashes, oldest first
         self._now = 0  # the largest clock value seen
         self._sequence = 0  # tie-break of equal clock values, in queueing order
+        self._undo = UndoLog()
+        # (block ID, old key, old queue, old count) per queue move of the current eviction.
+        self._moves: list[tuple[int, tuple[int, int, int], bool, int]] = []
 
     def _next_key(self, clock: int, block_id: int) -> tuple[int, int, int]:
         self._sequence += 1
@@ -115,12 +126,16 @@ class S3FIFOPolicy:
 
         Complexity: O(log n).
         """
-        self._now = max(self._now, last_access)
+        args = (block_hash, last_access, num_accesses, depth)
+        if self._undo.undo_insert(block_id, args, self._restore):
+            return
         stay = self._stays.get(block_id)
+        old_stay = None if stay is None else replace(stay)
+        now, sequence, ghost = self._now, self._sequence, None
+        self._now = max(now, last_access)
         if stay is None or stay.block_hash != block_hash or stay.num_accesses > num_accesses:
-            in_main = block_hash in self._ghost
-            if in_main:
-                del self._ghost[block_hash]
+            ghost = self._ghost.unlink(block_hash)
+            in_main = ghost is not None
             reuses = 0 if in_main else num_accesses - 1
             stay = _Stay(
                 block_hash,
@@ -136,6 +151,8 @@ class S3FIFOPolicy:
             stay.num_accesses = num_accesses
         self._tracked.add(block_id)
         (self._main if stay.in_main else self._small).add(stay.key)
+        undo = (now, sequence, old_stay, None if ghost is None else (block_hash, ghost))
+        self._undo.inserted(block_id, args, undo)
 
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``; its stay is remembered. Complexity: O(log n).
@@ -145,17 +162,28 @@ class S3FIFOPolicy:
         """
         if block_id not in self._tracked:
             raise KeyError(block_id)
+        self._untrack(block_id)
+        self._undo.discarded(block_id, None)
+
+    def _untrack(self, block_id: int) -> None:
         stay = self._stays[block_id]
         (self._main if stay.in_main else self._small).remove(stay.key)
         self._tracked.remove(block_id)
+
+    def _track(self, block_id: int) -> None:
+        stay = self._stays[block_id]
+        (self._main if stay.in_main else self._small).add(stay.key)
+        self._tracked.add(block_id)
 
     def touch(self, block_id: int, now: int) -> None:
         """Count a reuse; nothing moves. Raises KeyError if untracked. Complexity: O(1)."""
         if block_id not in self._tracked:
             raise KeyError(block_id)
-        self._now = max(self._now, now)
         stay = self._stays[block_id]
+        undo = (self._now, stay.frequency)
+        self._now = max(self._now, now)
         stay.frequency = min(stay.frequency + 1, _MAX_FREQUENCY)
+        self._undo.touched(block_id, now, undo)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves by the S3-FIFO rules.
@@ -163,47 +191,93 @@ class S3FIFOPolicy:
         Complexity: amortised O(k log n).
         """
         victims: list[int] = []
+        sequence = self._sequence
         while len(victims) < num_blocks and self._tracked:
+            if not self._moves:
+                sequence = self._sequence
             small_is_full = len(self._small) > self._small_fraction * len(self._tracked)
             if self._small and (small_is_full or not self._main):
                 victim = self._pop_small()
             else:
                 victim = self._pop_main()
             if victim is not None:
-                victims.append(victim)
+                victims.append(victim[0])
+                self._undo.evicted(victim[0], (*victim[1:], self._moves, sequence))
+                self._moves = []
+        if not victims:
+            self._undo.evicted_nothing()
         return victims
 
-    def _pop_small(self) -> int | None:
-        """Evict the small queue's head to the ghost list, or move it to main if reused."""
+    def _pop_small(self) -> tuple[int, _Stay, Any] | None:
+        """Evict the small queue's head to the ghost list, or move it to main if reused.
+
+        Returns the victim, its stay and what its ghost entry changed; None after a move.
+        """
         _, _, block_id = self._small.pop(0)
         stay = self._stays[block_id]
         if stay.frequency >= self._promote_after:
-            stay.in_main, stay.frequency = True, 0
-            stay.key = self._next_key(self._now, block_id)
-            self._main.add(stay.key)
+            self._move(block_id, stay, True, 0)
             return None
         self._forget(block_id)
+        ghost = None
         if self._ghost_capacity:
-            self._ghost[stay.block_hash] = None
+            ghost = stay.block_hash not in self._ghost, None
+            self._ghost.put(stay.block_hash, None)
             if len(self._ghost) > self._ghost_capacity:
-                self._ghost.popitem(last=False)
-        return block_id
+                ghost = ghost[0], self._ghost.unlink_oldest()
+        return block_id, stay, ghost
 
-    def _pop_main(self) -> int | None:
+    def _pop_main(self) -> tuple[int, _Stay, Any] | None:
         """Evict the main queue's head, or give it a second chance if reused."""
         _, _, block_id = self._main.pop(0)
         stay = self._stays[block_id]
         if stay.frequency:
-            stay.frequency -= 1
-            stay.key = self._next_key(self._now, block_id)
-            self._main.add(stay.key)
+            self._move(block_id, stay, True, stay.frequency - 1)
             return None
         self._forget(block_id)
-        return block_id
+        return block_id, stay, None
+
+    def _move(self, block_id: int, stay: _Stay, in_main: bool, frequency: int) -> None:
+        """Queue a popped head again at the back of main, noting the move for a rollback."""
+        self._moves.append((block_id, stay.key, stay.in_main, stay.frequency))
+        stay.in_main, stay.frequency = in_main, frequency
+        stay.key = self._next_key(self._now, block_id)
+        self._main.add(stay.key)
 
     def _forget(self, block_id: int) -> None:
         self._tracked.remove(block_id)
         del self._stays[block_id]
+
+    def _restore(self, kind: int, block_id: int, data: Any) -> None:
+        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        if kind == INSERTED:
+            self._untrack(block_id)
+            self._now, self._sequence, stay, ghost = data
+            if stay is None:
+                del self._stays[block_id]
+            else:
+                self._stays[block_id] = stay
+            if ghost is not None:
+                self._ghost.relink(*ghost)
+        elif kind == TOUCHED:
+            self._now, self._stays[block_id].frequency = data
+        elif kind == EVICTED:
+            stay, ghost, moves, self._sequence = data
+            if ghost is not None:
+                is_new, dropped = ghost
+                if dropped is not None:
+                    self._ghost.relink(*dropped)
+                if is_new:
+                    self._ghost.unlink(stay.block_hash)
+            self._stays[block_id] = stay
+            self._track(block_id)
+            for moved_id, key, in_main, frequency in reversed(moves):
+                moved = self._stays[moved_id]
+                self._main.remove(moved.key)
+                moved.key, moved.in_main, moved.frequency = key, in_main, frequency
+                (self._main if in_main else self._small).add(key)
+        else:
+            self._track(block_id)
 
     def clear(self) -> None:
         """Forget every tracked leaf, stay and ghost. Complexity: O(n)."""
@@ -213,6 +287,7 @@ class S3FIFOPolicy:
         self._stays.clear()
         self._ghost.clear()
         self._now = self._sequence = 0
+        self._undo.clear()
 
     def __len__(self) -> int:
         return len(self._tracked)

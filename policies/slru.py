@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sortedcontainers import SortedList
+
+from policies.undo import INSERTED, TOUCHED, UndoLog
 
 
 class SLRUPolicy:
@@ -18,6 +22,11 @@ class SLRUPolicy:
     recently used block instead.
 
     A touch counts as a reuse: it moves a probation block to protected.
+
+    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    with the key and segment it replaced, so the allocator journal's inverse
+    calls put a block back where it was; a touched one-hit block, inserted
+    again with its old arguments, returns to protected, not probation.
 
     >>> policy = SLRUPolicy(protected_fraction=0.5)
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=3, depth=0)
@@ -50,30 +59,39 @@ class SLRUPolicy:
         self._protected: SortedList = SortedList()
         self._key_of: dict[int, tuple[int, int]] = {}
         self._is_protected: dict[int, bool] = {}
+        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id`` in probation if used once, else protected. Complexity: O(log n)."""
+        args = (block_hash, last_access, num_accesses, depth)
+        if self._undo.undo_insert(block_id, args, self._restore):
+            return
         self._place(block_id, (last_access, block_id), num_accesses > 1)
+        self._undo.inserted(block_id, args, None)
 
     def _place(self, block_id: int, key: tuple[int, int], protected: bool) -> None:
         self._key_of[block_id] = key
         self._is_protected[block_id] = protected
         (self._protected if protected else self._probation).add(key)
 
-    def _segment_of(self, block_id: int) -> SortedList:
-        return self._protected if self._is_protected[block_id] else self._probation
-
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``. Raises KeyError if untracked. Complexity: O(log n)."""
-        self._segment_of(block_id).remove(self._key_of.pop(block_id))
-        del self._is_protected[block_id]
+        self._undo.discarded(block_id, self._remove(block_id))
+
+    def _remove(self, block_id: int) -> tuple[tuple[int, int], bool]:
+        """Untrack ``block_id``; return its key and segment."""
+        key = self._key_of.pop(block_id)
+        protected = self._is_protected.pop(block_id)
+        (self._protected if protected else self._probation).remove(key)
+        return key, protected
 
     def touch(self, block_id: int, now: int) -> None:
         """Record a reuse: the block moves to protected at ``now``. Complexity: O(log n)."""
-        self._segment_of(block_id).remove(self._key_of[block_id])
+        old = self._remove(block_id)
         self._place(block_id, (now, block_id), True)
+        self._undo.touched(block_id, now, old)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, probation first. Complexity: O(k log n)."""
@@ -81,11 +99,21 @@ class SLRUPolicy:
         while len(victims) < num_blocks and self._key_of:
             over_share = len(self._protected) > self._protected_fraction * len(self._key_of)
             segment = self._protected if over_share or not self._probation else self._probation
-            _, block_id = segment.pop(0)
+            key = segment.pop(0)
+            block_id = key[1]
             del self._key_of[block_id]
-            del self._is_protected[block_id]
+            self._undo.evicted(block_id, (key, self._is_protected.pop(block_id)))
             victims.append(block_id)
+        if not victims:
+            self._undo.evicted_nothing()
         return victims
+
+    def _restore(self, kind: int, block_id: int, data: Any) -> None:
+        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        if kind in (INSERTED, TOUCHED):
+            self._remove(block_id)
+        if kind != INSERTED:
+            self._place(block_id, *data)
 
     def clear(self) -> None:
         """Forget every tracked leaf. Complexity: O(n)."""
@@ -93,6 +121,7 @@ class SLRUPolicy:
         self._protected.clear()
         self._key_of.clear()
         self._is_protected.clear()
+        self._undo.clear()
 
     def __len__(self) -> int:
         return len(self._key_of)

@@ -19,12 +19,15 @@ class PolicyJournal:
     evicted is inserted again, and a touched one discarded and inserted
     again, with the arguments the allocator's still unwritten state gives.
 
-    A policy whose order is a function of those arguments (LRU, FIFO,
-    priority) ends exactly as before the call. An adaptive one (LFU's age,
-    ARC's target, ghost lists) tracks the same leaves but may keep a trace of
-    the aborted call in its history: that shapes later choices, never
-    correctness. The journal relies on a raising policy method having changed
-    nothing itself.
+    A policy whose order is a function of those arguments (LRU, priority)
+    tracks the same leaves in the same order afterwards. The adaptive
+    built-in policies (LFU, ARC, S3-FIFO, hazard, reuse-LRU, SLRU) recognise
+    these inverse calls through their undo log (``policies/undo.py``) and
+    restore their whole state, history included, after a failed eviction,
+    hit or touch. A failed release, undone by discards only, leaves what its
+    inserts learned (a ghost hit, a remembered stay): the same calls are a
+    hit right after a release. The journal relies on a raising policy method
+    having changed nothing itself.
 
     Args:
         policy: the allocator's policy.

@@ -23,16 +23,15 @@ violation, reported with the public method, the wrapped call that raised and
 the digest fields that changed.
 
 The policy's part of the digest is its whole eviction order (a deep copy
-evicts everything). Pairs that still change it are marked
-``xfail(strict=True)`` with the reason (``KNOWN_LIMITS``); a fix turns them
-into unexpected passes, which strict mode reports so the mark gets removed.
+evicts everything): every policy, adaptive ones included, must end with the
+same order after a failed call (their undo logs, ``policies/undo.py``).
 """
 
 from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -511,29 +510,9 @@ METHODS = [
 ]
 """The public methods the program calls (its step names)."""
 
-ADAPTIVE_ORDER = (
-    "limitation, not a bug of the allocator: rolling back an eviction re-inserts the victim, "
-    "but this policy's history has moved on (LFU's age, ARC's target, S3FIFO's queues and "
-    "ghosts), so the victim's place in the eviction order can differ; the allocator's state "
-    "and the tracked set are exact (see prefixcache/journal.py)"
-)
-KNOWN_LIMITS: dict[tuple[str, str], str] = {
-    ("arc", "allocate_memory_blocks"): ADAPTIVE_ORDER,
-    ("lfu", "allocate_memory_blocks"): ADAPTIVE_ORDER,
-    ("s3fifo", "allocate_memory_blocks"): ADAPTIVE_ORDER,
-}
-"""(policy, method) pairs the seeded programs catch changing the policy's order, and why."""
 
-
-def _expectations() -> Iterator[Any]:
-    for policy_name in POLICY_NAMES:
-        for method in METHODS:
-            reason = KNOWN_LIMITS.get((policy_name, method))
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            yield pytest.param(policy_name, method, marks=marks, id=f"{policy_name}-{method}")
-
-
-@pytest.mark.parametrize(("policy_name", "method"), list(_expectations()))
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("policy_name", POLICY_NAMES)
 def test_failed_call_changes_nothing(
     policy_name: str, method: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
