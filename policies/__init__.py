@@ -32,6 +32,7 @@ from policies.arc import ARCPolicy
 from policies.base import (
     EvictionPolicy,
     ObservesRegistrations,
+    ObservesRollbacks,
     PredictsNextVictim,
     SupportsRetention,
     UnknownPolicyError,
@@ -58,6 +59,7 @@ __all__ = [
     "LFUPolicy",
     "LRUPolicy",
     "ObservesRegistrations",
+    "ObservesRollbacks",
     "PredictsNextVictim",
     "PriorityPolicy",
     "ProtectedLRUPolicy",

@@ -193,6 +193,10 @@ class ARCPolicy:
         dropped = ghosts.unlink_oldest() if len(ghosts) > self._ghost_capacity else None
         return is_new, dropped
 
+    def on_rollback(self) -> None:
+        """Forget what the inserts of a failed release taught (see ``ObservesRollbacks``)."""
+        self._undo.rolled_back(self._restore)
+
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
         """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
         if kind == INSERTED:

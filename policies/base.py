@@ -134,6 +134,28 @@ class ObservesRegistrations(Protocol):
 
 
 @runtime_checkable
+class ObservesRollbacks(Protocol):
+    """A policy that wants to know when the allocator took back a failed call's policy calls.
+
+    When an allocator call fails after some policy calls, the allocator
+    replays their inverses, newest first (a discard for an insert, an insert
+    for a discard or a victim, a discard and an insert for a touch), then
+    calls :meth:`on_rollback`. A failed release is taken back by discards
+    alone, the same calls as a hit right after a release: only this signal
+    tells them apart, so a policy that learns on insert (a ghost hit, a
+    remembered stay) can forget what the aborted inserts taught it.
+    """
+
+    def on_rollback(self) -> None:
+        """The policy calls since the failed allocator call began were taken back.
+
+        Called once per rollback that replayed at least one inverse call,
+        right after the last one. Must not raise.
+        """
+        ...
+
+
+@runtime_checkable
 class PredictsNextVictim(Protocol):
     """A policy that can tell, without a change, whether a leaf would be its next victim.
 

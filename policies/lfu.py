@@ -107,6 +107,10 @@ class LFUPolicy:
             self._undo.evicted_nothing()
         return victims
 
+    def on_rollback(self) -> None:
+        """Forget what the inserts of a failed release taught (see ``ObservesRollbacks``)."""
+        self._undo.rolled_back(self._restore)
+
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
         """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
         if kind == INSERTED:

@@ -248,6 +248,10 @@ class S3FIFOPolicy:
         self._tracked.remove(block_id)
         del self._stays[block_id]
 
+    def on_rollback(self) -> None:
+        """Forget what the inserts of a failed release taught (see ``ObservesRollbacks``)."""
+        self._undo.rolled_back(self._restore)
+
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
         """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
         if kind == INSERTED:

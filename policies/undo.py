@@ -88,11 +88,12 @@ class UndoLog:
     ID + 1)``, more than one allocator call makes (it evicts or inserts each
     block at most once). Memory: O(pool size); every method O(1) amortised.
 
-    What stays inexact: a rollback that ends with discards of inserted
-    blocks (a failed release) leaves what those inserts changed besides
-    tracking (a ghost consumed, a hit remembered), since nothing tells it
-    apart from a hit after a release; and a call that mixes discards or
-    touches with inserts or evictions, which the allocator never makes.
+    A rollback that ends with discards of inserted blocks (a failed release)
+    is the same call sequence as a hit after a release; the allocator's
+    ``on_rollback`` signal tells them apart, and :meth:`rolled_back` then
+    undoes the open pairs, inserts included. What stays inexact: a call that
+    mixes discards or touches with inserts or evictions, which the allocator
+    never makes.
 
     Not thread-safe, like the policies.
     """
@@ -156,6 +157,18 @@ class UndoLog:
                 self._undo_newest(num_paired + 1, restore)
                 return True
         return False
+
+    def rolled_back(self, restore: Restore) -> None:
+        """The latest calls were a rollback's inverse calls: undo the pairs they left open.
+
+        A failed release is taken back by discards of the blocks it inserted,
+        which leave pairs that, without this signal, stand for a hit right
+        after a release. Other rollbacks end with an insert, which closes or
+        drops every pair, so this undoes nothing for them.
+        Complexity: O(pairs), plus the policy's restores.
+        """
+        if self._num_paired:
+            self._undo_newest(self._num_paired, restore)
 
     def _undo_newest(self, count: int, restore: Restore) -> None:
         records = self._records

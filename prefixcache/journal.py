@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from policies import EvictionPolicy
+from policies import EvictionPolicy, ObservesRollbacks
 
 _INSERTED, _REMOVED, _TOUCHED = 0, 1, 2
 
@@ -23,11 +23,12 @@ class PolicyJournal:
     tracks the same leaves in the same order afterwards. The adaptive
     built-in policies (LFU, ARC, S3-FIFO, hazard, reuse-LRU, SLRU) recognise
     these inverse calls through their undo log (``policies/undo.py``) and
-    restore their whole state, history included, after a failed eviction,
-    hit or touch. A failed release, undone by discards only, leaves what its
-    inserts learned (a ghost hit, a remembered stay): the same calls are a
-    hit right after a release. The journal relies on a raising policy method
-    having changed nothing itself.
+    restore their whole state, history included. A failed release is undone
+    by discards only, the same calls as a hit right after a release; the
+    journal's closing ``on_rollback`` call (``policies.ObservesRollbacks``)
+    tells them apart, so those policies also forget what its inserts learned
+    (a ghost hit, a remembered stay). The journal relies on a raising policy
+    method having changed nothing itself.
 
     Args:
         policy: the allocator's policy.
@@ -61,11 +62,18 @@ class PolicyJournal:
         self._undo.append((block_id, _TOUCHED))
 
     def rollback(self) -> None:
-        """Undo every recorded call, newest first. Complexity: O(calls) policy calls."""
+        """Undo every recorded call, newest first, then tell a policy that observes rollbacks.
+
+        Complexity: O(calls) policy calls.
+        """
         policy, insert_leaf = self._policy, self._insert_leaf
+        if not self._undo:
+            return
         while self._undo:
             block_id, what = self._undo.pop()
             if what != _REMOVED:
                 policy.discard(block_id)
             if what != _INSERTED:
                 insert_leaf(block_id)
+        if isinstance(policy, ObservesRollbacks):
+            policy.on_rollback()
