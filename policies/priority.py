@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from sortedcontainers import SortedList
+
+from policies.undo import EVICTED, INSERTED, TOUCHED, UndoLog
+
+_Expired = list[tuple[int, tuple[int, int | None]]]
+"""Retention entries an expiry dropped, in order: (hash, (priority, expires_at))."""
 
 
 class PriorityPolicy:
@@ -28,6 +34,16 @@ class PriorityPolicy:
     returning the allocator's clock, or a fake in tests); without it the
     policy uses the largest clock value it has seen in :meth:`insert` and
     :meth:`touch`, which lags the allocator by at most the calls since.
+
+    Rollback: a key is a function of the insert arguments and the retention
+    entries, so the allocator journal's inverse calls restore every key; but
+    an aborted insert or touch may have raised the clock seen, and expired
+    entries with it. Every call is recorded in an
+    :class:`~policies.undo.UndoLog` with the clock it raised and the entries
+    it expired, so the inverse calls (and :meth:`on_rollback`, for a release
+    taken back) put both back. :meth:`set_retention` cannot be taken back: it
+    drops the records. With a ``clock``, what an empty :meth:`evict` expired
+    stays expired; it was due, so no later choice differs.
 
     >>> policy = PriorityPolicy()
     >>> policy.set_retention(10, priority=90, expires_at=None)
@@ -83,6 +99,7 @@ class PriorityPolicy:
         self._key_of: dict[int, tuple[int, int, int]] = {}
         self._hash_of: dict[int, int] = {}  # tracked block ID -> hash
         self._block_of: dict[int, int] = {}  # hash -> tracked block ID
+        self._undo = UndoLog()
 
     # ------------------------------------------------------------------ retention
 
@@ -103,6 +120,7 @@ class PriorityPolicy:
             isinstance(expires_at, bool) or not isinstance(expires_at, int)
         ):
             raise TypeError(f"expires_at must be an int or None, got {expires_at!r}")
+        self._undo.commit()
         self._drop_retention(block_hash)
         if priority != self._default:
             self._retention[block_hash] = (priority, expires_at)
@@ -121,12 +139,28 @@ class PriorityPolicy:
         if entry is not None and entry[1] is not None:
             self._expiries.remove((entry[1], block_hash))
 
-    def _expire(self) -> None:
-        """Drop the entries whose time has come and re-rank their tracked blocks."""
+    def _expire(self) -> _Expired | None:
+        """Drop the entries whose time has come and re-rank their tracked blocks.
+
+        Returns:
+            The dropped entries, for :meth:`_unexpire`; None if there were none.
+        """
         now = self._clock() if self._clock is not None else self._now
-        while self._expiries and self._expiries[0][0] <= now:
-            _, block_hash = self._expiries.pop(0)
-            del self._retention[block_hash]
+        expiries = self._expiries
+        if not expiries or expiries[0][0] > now:
+            return None
+        expired: _Expired = []
+        while expiries and expiries[0][0] <= now:
+            _, block_hash = expiries.pop(0)
+            expired.append((block_hash, self._retention.pop(block_hash)))
+            self._rerank(block_hash)
+        return expired
+
+    def _unexpire(self, expired: _Expired | None) -> None:
+        """Put back the entries :meth:`_expire` dropped, newest first, and re-rank."""
+        for block_hash, entry in reversed(expired or ()):
+            self._retention[block_hash] = entry
+            self._expiries.add((entry[1], block_hash))
             self._rerank(block_hash)
 
     def _rerank(self, block_hash: int) -> None:
@@ -146,40 +180,77 @@ class PriorityPolicy:
         self._block_of[block_hash] = block_id
         (self._retained if priority > self._default else self._others).add(key)
 
-    def _remove(self, block_id: int) -> None:
+    def _remove(self, block_id: int) -> tuple[int, int]:
+        """Untrack ``block_id``; return its hash and last access."""
         key = self._key_of.pop(block_id)
         (self._retained if key[0] > self._default else self._others).remove(key)
-        del self._block_of[self._hash_of.pop(block_id)]
+        block_hash = self._hash_of.pop(block_id)
+        del self._block_of[block_hash]
+        return block_hash, key[1]
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id`` at its hash's priority and its last access. Complexity: O(log n)."""
-        self._now = max(self._now, last_access)
-        self._expire()
+        args = (block_hash, last_access, num_accesses, depth)
+        if self._undo.undo_insert(block_id, args, self._restore):
+            return
+        now = self._now
+        if last_access > now:
+            self._now = last_access
+        expired = self._expire()
         self._place(block_id, block_hash, last_access)
+        self._undo.inserted(block_id, args, (now, expired))
 
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``. Raises KeyError if untracked. Complexity: O(log n)."""
-        self._remove(block_id)
+        self._undo.discarded(block_id, self._remove(block_id))
 
     def touch(self, block_id: int, now: int) -> None:
         """Record an access at ``now``. Raises KeyError if untracked. Complexity: O(log n)."""
         block_hash = self._hash_of[block_id]
-        self._now = max(self._now, now)
-        self._remove(block_id)
+        old_now = self._now
+        if now > old_now:
+            self._now = now
+        _, last_access = self._remove(block_id)
         self._place(block_id, block_hash, now)
-        self._expire()
+        expired = self._expire()
+        self._undo.touched(block_id, now, (last_access, old_now, expired))
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, lowest priority first. Complexity: O(k log n)."""
-        self._expire()
+        expired = self._expire()  # None without a clock: nothing is due between calls
         victims: list[int] = []
         while len(victims) < num_blocks and self._key_of:
             block_id = self._next_victim()
-            self._remove(block_id)
+            self._undo.evicted(block_id, (*self._remove(block_id), expired))
+            expired = None  # taken back with the first victim, after it
             victims.append(block_id)
+        if not victims:
+            self._undo.evicted_nothing()
         return victims
+
+    def on_rollback(self) -> None:
+        """Take back the clock and expiries of a failed release too (``ObservesRollbacks``)."""
+        self._undo.rolled_back(self._restore)
+
+    def _restore(self, kind: int, block_id: int, data: Any) -> None:
+        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        if kind == INSERTED:
+            self._remove(block_id)
+            self._now, expired = data
+            self._unexpire(expired)
+        elif kind == TOUCHED:
+            last_access, self._now, expired = data
+            self._unexpire(expired)
+            block_hash, _ = self._remove(block_id)
+            self._place(block_id, block_hash, last_access)
+        elif kind == EVICTED:
+            block_hash, last_access, expired = data
+            self._place(block_id, block_hash, last_access)
+            self._unexpire(expired)
+        else:
+            self._place(block_id, *data)
 
     def _next_victim(self) -> int:
         if not self._others:
@@ -201,6 +272,7 @@ class PriorityPolicy:
         self._key_of.clear()
         self._hash_of.clear()
         self._block_of.clear()
+        self._undo.clear()
 
     def __len__(self) -> int:
         return len(self._key_of)

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from typing import Any
+
+from policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+
+_Evicted = tuple[
+    tuple[int, int], tuple[int, int, int], list[Any] | None, tuple[int, list[Any]] | None
+]
+"""What takes an eviction back: the place, the stay, the hash's history entry it
+replaced and the oldest entry it pushed out (links for ``LinkedMap.relink``)."""
 
 
 class ProtectedLRUPolicy:
@@ -35,9 +43,7 @@ class ProtectedLRUPolicy:
     and ``block_hash`` (the use count, carried across evictions by hash).
     ``depth`` is ignored: on the traces measured, depth bonuses made it worse.
     Stays are remembered by block ID while a block is out of the policy for a
-    hit (bounded by the pool), so a hit is counted once, not twice; a victim put
-    back with the arguments it left with (an allocator's rollback) takes its old
-    place and class again.
+    hit (bounded by the pool), so a hit is counted once, not twice.
 
     What it uses the registration hook for (:meth:`on_register`): a remembered
     hash that is registered again (an evicted prefix computed again, often as
@@ -48,6 +54,14 @@ class ProtectedLRUPolicy:
     measured the default history is long enough that this changes no hit rate
     (``benchmarks/policy_tables.md``, "on_register"); it matters with a short
     history.
+
+    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    with what it changed (a place, a stay, history entries removed in place),
+    so the allocator journal's inverse calls restore all of it: a victim put
+    back takes its old place and class and leaves the history as it was, a
+    touch taken back no longer counts a use, and a release taken back
+    (:meth:`on_rollback`) gives its hashes' use counts back to the history.
+    :meth:`on_register` cannot be taken back: it drops the records.
 
     >>> policy = ProtectedLRUPolicy()
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=2, depth=0)
@@ -70,8 +84,7 @@ class ProtectedLRUPolicy:
     Complexity: ``insert`` and ``touch`` O(log n); ``discard`` O(1)
     amortised; ``evict(k)`` O(k log n) amortised (binary heaps with lazy
     deletion, rebuilt when stale entries outnumber live ones); ``on_register``
-    O(1) per hash. Memory:
-    O(pool size + history_capacity). Not thread-safe.
+    O(1) per hash. Memory: O(pool size + history_capacity). Not thread-safe.
     """
 
     retains_unreferenced = True
@@ -90,36 +103,27 @@ class ProtectedLRUPolicy:
         self._place_of: dict[int, tuple[int, int]] = {}
         # block ID -> (hash, hand-outs last seen, uses of earlier stays), tracked or out for a hit.
         self._stays: dict[int, tuple[int, int, int]] = {}
-        # evicted hash -> (uses of earlier stays, hand-outs, last access) of its last stay,
-        # the least recently evicted first.
-        self._history: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+        # evicted hash -> uses of all its stays, the least recently evicted first.
+        self._history: LinkedMap[int] = LinkedMap()
+        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id`` in the class its use count gives. Complexity: O(log n)."""
+        args = (block_hash, last_access, num_accesses, depth)
+        if self._undo.undo_insert(block_id, args, self._restore):
+            return
         stay = self._stays.get(block_id)
+        link = None  # the history entry of a returning hash, taken out
         if stay is None or stay[0] != block_hash or stay[1] > num_accesses:
-            earlier = self._earlier_uses(block_hash, last_access, num_accesses)
+            link = self._history.unlink(block_hash)
+            earlier = 0 if link is None else link[2]
         else:
             earlier = stay[2]
         self._stays[block_id] = (block_hash, num_accesses, earlier)
         self._place(block_id, last_access, earlier + num_accesses)
-
-    def _earlier_uses(self, block_hash: int, last_access: int, num_accesses: int) -> int:
-        """Uses of earlier stays of ``block_hash``, taken out of the history.
-
-        An insert with the very last access and hand-outs the hash was evicted
-        with is the same stay put back (an allocator rolling back an eviction),
-        not a return, so its uses are not counted twice.
-        """
-        remembered = self._history.pop(block_hash, None)
-        if remembered is None:
-            return 0
-        earlier, evicted_accesses, evicted_access = remembered
-        if (evicted_access, evicted_accesses) == (last_access, num_accesses):
-            return earlier
-        return earlier + evicted_accesses
+        self._undo.inserted(block_id, args, (stay, link))
 
     def on_register(self, block_hashes: list[int], first_depth: int) -> None:
         """Keep the use counts of remembered hashes that were just registered again.
@@ -131,17 +135,30 @@ class ProtectedLRUPolicy:
             block_hashes: one run of newly registered hashes (not kept).
             first_depth: chain position of the first; not used.
 
-        Complexity: O(len(block_hashes)).
+        Complexity: O(len(block_hashes)) amortised.
         """
+        self._undo.commit()
         history = self._history
         for block_hash in block_hashes:
-            if block_hash in history:
-                history.move_to_end(block_hash)
+            link = history.unlink(block_hash)
+            if link is not None:
+                history.put(block_hash, link[2])
 
     def _place(self, block_id: int, last_access: int, num_uses: int) -> None:
         klass = 1 if num_uses >= 2 else 0
         self._place_of[block_id] = (klass, last_access)
         heapq.heappush(self._heaps[klass], (last_access, block_id))
+
+    def _unplace(self, block_id: int) -> tuple[int, int]:
+        """Untrack ``block_id``; return its place (class, last access)."""
+        place = self._place_of.pop(block_id)
+        self._compact_if_stale(place[0])
+        return place
+
+    def _put_back(self, block_id: int, place: tuple[int, int]) -> None:
+        """Track ``block_id`` again at ``place``, as :meth:`_unplace` returned it."""
+        self._place_of[block_id] = place
+        heapq.heappush(self._heaps[place[0]], (place[1], block_id))
 
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``; its stay is remembered. Complexity: O(1) amortised.
@@ -149,7 +166,7 @@ class ProtectedLRUPolicy:
         Raises:
             KeyError: ``block_id`` is not tracked.
         """
-        self._compact_if_stale(self._place_of.pop(block_id)[0])
+        self._undo.discarded(block_id, self._unplace(block_id))
 
     def touch(self, block_id: int, now: int) -> None:
         """Record a use at ``now``: the leaf becomes protected. Complexity: O(log n).
@@ -157,10 +174,12 @@ class ProtectedLRUPolicy:
         Raises:
             KeyError: ``block_id`` is not tracked.
         """
-        self.discard(block_id)
-        block_hash, num_accesses, earlier = self._stays[block_id]
+        place = self._unplace(block_id)
+        stay = self._stays[block_id]
+        block_hash, num_accesses, earlier = stay
         self._stays[block_id] = (block_hash, num_accesses, earlier + 1)
         self._place(block_id, now, earlier + 1 + num_accesses)
+        self._undo.touched(block_id, now, (place, stay))
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, probation first. Complexity: O(k log n) amortised."""
@@ -168,19 +187,58 @@ class ProtectedLRUPolicy:
         for klass, heap in enumerate(self._heaps):
             while heap and len(victims) < num_blocks:
                 last_access, block_id = heapq.heappop(heap)
-                if self._place_of.get(block_id) == (klass, last_access):
+                place = self._place_of.get(block_id)
+                if place == (klass, last_access):
                     del self._place_of[block_id]
-                    self._remember(block_id, last_access)
+                    self._undo.evicted(block_id, self._remember(block_id, place))
                     victims.append(block_id)
+        if not victims:
+            self._undo.evicted_nothing()
         return victims
 
-    def _remember(self, block_id: int, last_access: int) -> None:
-        block_hash, num_accesses, earlier = self._stays.pop(block_id)
-        if self._history_capacity:
-            self._history[block_hash] = (earlier, num_accesses, last_access)
-            self._history.move_to_end(block_hash)
-            if len(self._history) > self._history_capacity:
-                self._history.popitem(last=False)
+    def _remember(self, block_id: int, place: tuple[int, int]) -> _Evicted:
+        """Move the victim's stay to the history; return what takes the eviction back."""
+        stay = self._stays.pop(block_id)
+        if not self._history_capacity:
+            return place, stay, None, None
+        block_hash, num_accesses, earlier = stay
+        history = self._history
+        replaced = history.unlink(block_hash)
+        history.put(block_hash, earlier + num_accesses)
+        dropped = history.unlink_oldest() if len(history) > self._history_capacity else None
+        return place, stay, replaced, dropped
+
+    def on_rollback(self) -> None:
+        """Give back the history entries a failed release took (see ``ObservesRollbacks``)."""
+        self._undo.rolled_back(self._restore)
+
+    def _restore(self, kind: int, block_id: int, data: Any) -> None:
+        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        if kind == INSERTED:
+            self._unplace(block_id)
+            stay, link = data
+            block_hash = self._stays[block_id][0]
+            if stay is None:
+                del self._stays[block_id]
+            else:
+                self._stays[block_id] = stay
+            if link is not None:
+                self._history.relink(block_hash, link)
+            return
+        if kind == TOUCHED:
+            self._unplace(block_id)
+            place, self._stays[block_id] = data
+        elif kind == EVICTED:
+            place, stay, replaced, dropped = data
+            if dropped is not None:
+                self._history.relink(*dropped)
+            self._history.unlink(stay[0])  # a no-op without a history
+            if replaced is not None:
+                self._history.relink(stay[0], replaced)
+            self._stays[block_id] = stay
+        else:
+            place = data
+        self._put_back(block_id, place)
 
     def _compact_if_stale(self, klass: int) -> None:
         heap = self._heaps[klass]
@@ -196,6 +254,7 @@ class ProtectedLRUPolicy:
         self._place_of.clear()
         self._stays.clear()
         self._history.clear()
+        self._undo.clear()
 
     def is_protected(self, block_id: int) -> bool:
         """Whether the tracked leaf ``block_id`` is in the protected class. Complexity: O(1).
@@ -207,8 +266,7 @@ class ProtectedLRUPolicy:
 
     def remembered_uses(self, block_hash: int) -> int:
         """Remembered use count of the evicted ``block_hash`` (0 if none). Complexity: O(1)."""
-        earlier, num_accesses, _ = self._history.get(block_hash, (0, 0, 0))
-        return earlier + num_accesses
+        return self._history.get(block_hash) or 0
 
     def eviction_order(self) -> list[int]:
         """Tracked leaves, next victim first (for tests and debugging). Complexity: O(n log n)."""

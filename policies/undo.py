@@ -17,7 +17,6 @@ This module imports nothing from ``prefixcache``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 EVICTED, DISCARDED, INSERTED, TOUCHED = range(4)
@@ -33,23 +32,19 @@ _MIN_LIMIT = 64
 _V = TypeVar("_V")
 
 
-@dataclass(slots=True)
-class _Record:
-    """One recorded call.
+_Record = tuple[int, int, InsertArgs, Any]
+"""One recorded call: (kind, block ID, insert arguments, restore data).
 
-    Attributes:
-        kind: EVICTED, DISCARDED, INSERTED or TOUCHED.
-        block_id: the block the call was about.
-        args: for EVICTED and DISCARDED, the insert arguments that take the
-            call back; for INSERTED, those it was inserted with; for TOUCHED,
-            the block's arguments before the touch.
-        data: what the policy needs to restore its state before the call.
-    """
+For EVICTED and DISCARDED the arguments are those that take the call back;
+for INSERTED, those the block was inserted with; for TOUCHED, the block's
+arguments before the touch. Tuples, not objects: one is made per policy call.
+"""
 
-    kind: int
-    block_id: int
-    args: InsertArgs
-    data: Any
+_REMOVALS = (EVICTED, DISCARDED)
+_OPENERS = (INSERTED, TOUCHED)
+_AFTER_DISCARD_OR_TOUCH = (DISCARDED, TOUCHED)
+_AFTER_ANY_BUT_DISCARD = (EVICTED, INSERTED, TOUCHED)
+_AFTER_ANY_BUT_TOUCH = (EVICTED, DISCARDED, INSERTED)
 
 
 class UndoLog:
@@ -98,7 +93,7 @@ class UndoLog:
     Not thread-safe, like the policies.
     """
 
-    __slots__ = ("_args_of", "_limit", "_num_paired", "_records")
+    __slots__ = ("_args_of", "_limit", "_num_paired", "_records", "_trim_at")
 
     def __init__(self) -> None:
         self._records: list[_Record] = []
@@ -107,12 +102,14 @@ class UndoLog:
         self._num_paired = 0
         self._args_of: dict[int, InsertArgs] = {}  # tracked block ID -> its insert arguments
         self._limit = _MIN_LIMIT  # records one allocator call can make at most
+        self._trim_at = _MIN_LIMIT + _MIN_LIMIT // 2
 
     def clear(self) -> None:
         """Forget every record and tracked block (the policy was cleared). Complexity: O(n)."""
         self.commit()
         self._args_of.clear()
         self._limit = _MIN_LIMIT
+        self._trim_at = _MIN_LIMIT + _MIN_LIMIT // 2
 
     def commit(self) -> None:
         """Forget every record: no later call can take them back. O(records)."""
@@ -139,21 +136,20 @@ class UndoLog:
         records = self._records
         num_paired = self._num_paired
         if num_paired:
-            closing = records[-1]  # the discard that closes the outermost pair
-            if closing.block_id == block_id and closing.args == args:
-                self._undo(records.pop(), restore)  # takes back that discard alone
+            kind, closing_id, closing_args, data = records[-1]  # closes the outermost pair
+            if closing_id == block_id and closing_args == args:
+                records.pop()  # takes back that discard alone
+                restore(kind, block_id, data)
+                self._args_of[block_id] = args
                 self._num_paired = num_paired - 2  # its opener is now unpaired
                 return True
-            opening = records[-num_paired]
-            if opening.kind == TOUCHED and opening.block_id == block_id and opening.args == args:
+            kind, opening_id, opening_args, _ = records[-num_paired]
+            if kind == TOUCHED and opening_id == block_id and opening_args == args:
                 self._undo_newest(num_paired, restore)  # a touch, taken back
                 return True
         if len(records) > num_paired:
-            below = records[-num_paired - 1]
-            if below.kind in (EVICTED, DISCARDED) and (below.block_id, below.args) == (
-                block_id,
-                args,
-            ):
+            kind, below_id, below_args, _ = records[-num_paired - 1]
+            if below_id == block_id and kind in _REMOVALS and below_args == args:
                 self._undo_newest(num_paired + 1, restore)
                 return True
         return False
@@ -171,21 +167,19 @@ class UndoLog:
             self._undo_newest(self._num_paired, restore)
 
     def _undo_newest(self, count: int, restore: Restore) -> None:
-        records = self._records
+        records, args_of = self._records, self._args_of
         for _ in range(count):
-            record = records.pop()
-            restore(record.kind, record.block_id, record.data)
-            if record.kind == INSERTED:
-                del self._args_of[record.block_id]
+            kind, block_id, args, data = records.pop()
+            restore(kind, block_id, data)
+            if kind == INSERTED:
+                del args_of[block_id]
             else:
-                self._args_of[record.block_id] = record.args
+                args_of[block_id] = args
         self._num_paired = 0
 
-    def _undo(self, record: _Record, restore: Restore) -> None:
-        restore(record.kind, record.block_id, record.data)
-        self._args_of[record.block_id] = record.args
-
     # -- new calls -------------------------------------------------------------------
+    # Each starts a new call: pairs become history, and records after a boundary kind
+    # (see the class docstring) are dropped, inline for speed.
 
     def args_of(self, block_id: int) -> InsertArgs:
         """The insert arguments of the tracked ``block_id``, touches applied. O(1)."""
@@ -193,53 +187,69 @@ class UndoLog:
 
     def inserted(self, block_id: int, args: InsertArgs, data: Any) -> None:
         """Record a normal insert; ``data`` restores the state before it. O(1) amortised."""
-        self._begin(DISCARDED, TOUCHED)
+        records = self._records
+        self._num_paired = 0
+        if records and records[-1][0] in _AFTER_DISCARD_OR_TOUCH:
+            records.clear()
         self._args_of[block_id] = args
-        self._push(_Record(INSERTED, block_id, args, data))
+        records.append((INSERTED, block_id, args, data))
+        if block_id >= self._limit >> 1 or len(records) > self._trim_at:
+            self._bound(block_id)
 
     def discarded(self, block_id: int, data: Any) -> None:
         """Record a normal discard; ``data`` puts the block back. O(1) amortised."""
         args = self._args_of.pop(block_id)
         records = self._records
-        record = _Record(DISCARDED, block_id, args, data)
-        if len(records) > self._num_paired:
-            opening = records[-self._num_paired - 1]
-            if opening.block_id == block_id and opening.kind in (INSERTED, TOUCHED):
-                records.append(record)  # a pair, maybe around earlier ones
-                self._num_paired += 2
+        num_paired = self._num_paired
+        if len(records) > num_paired:
+            kind, opening_id, _, _ = records[-num_paired - 1]
+            if opening_id == block_id and kind in _OPENERS:
+                records.append((DISCARDED, block_id, args, data))  # a pair, maybe around others
+                self._num_paired = num_paired + 2
                 return
-        self._begin(EVICTED, INSERTED, TOUCHED)
-        self._push(record)
+        self._num_paired = 0
+        if records and records[-1][0] in _AFTER_ANY_BUT_DISCARD:
+            records.clear()
+        records.append((DISCARDED, block_id, args, data))
+        if block_id >= self._limit >> 1 or len(records) > self._trim_at:
+            self._bound(block_id)
 
     def touched(self, block_id: int, now: int, data: Any) -> None:
         """Record a normal touch at ``now``; ``data`` restores the state before it. O(1)."""
-        block_hash, _, num_accesses, depth = old = self._args_of[block_id]
-        self._begin(EVICTED, DISCARDED, INSERTED)
-        self._args_of[block_id] = (block_hash, now, num_accesses, depth)
-        self._push(_Record(TOUCHED, block_id, old, data))
+        args_of, records = self._args_of, self._records
+        block_hash, _, num_accesses, depth = old = args_of[block_id]
+        self._num_paired = 0
+        if records and records[-1][0] in _AFTER_ANY_BUT_TOUCH:
+            records.clear()
+        args_of[block_id] = (block_hash, now, num_accesses, depth)
+        records.append((TOUCHED, block_id, old, data))
+        if block_id >= self._limit >> 1 or len(records) > self._trim_at:
+            self._bound(block_id)
 
     def evicted(self, block_id: int, data: Any) -> None:
         """Record that ``evict`` returned ``block_id``; ``data`` puts it back. O(1) amortised."""
-        self._begin(DISCARDED, TOUCHED)
-        args = self._args_of.pop(block_id)
-        self._push(_Record(EVICTED, block_id, args, data))
+        records = self._records
+        self._num_paired = 0
+        if records and records[-1][0] in _AFTER_DISCARD_OR_TOUCH:
+            records.clear()
+        records.append((EVICTED, block_id, self._args_of.pop(block_id), data))
+        if block_id >= self._limit >> 1 or len(records) > self._trim_at:
+            self._bound(block_id)
 
     def evicted_nothing(self) -> None:
         """Record an ``evict`` call that returned nothing. O(1)."""
-        self._begin(DISCARDED, TOUCHED)
-
-    def _begin(self, *boundaries: int) -> None:
-        """A new call: pairs become history; drop every record after a boundary kind."""
-        self._num_paired = 0
-        if self._records and self._records[-1].kind in boundaries:
-            self.commit()
-
-    def _push(self, record: _Record) -> None:
         records = self._records
-        records.append(record)
-        if record.block_id >= self._limit // 2:
-            self._limit = 2 * record.block_id + 2
-        if len(records) > self._limit + self._limit // 2:
+        self._num_paired = 0
+        if records and records[-1][0] in _AFTER_DISCARD_OR_TOUCH:
+            records.clear()
+
+    def _bound(self, block_id: int) -> None:
+        """Raise the limit to cover ``block_id``; drop the oldest records beyond it."""
+        if block_id >= self._limit >> 1:
+            self._limit = 2 * block_id + 2
+            self._trim_at = self._limit + self._limit // 2
+        records = self._records
+        if len(records) > self._trim_at:
             del records[: len(records) - self._limit]
 
 

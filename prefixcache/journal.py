@@ -19,16 +19,15 @@ class PolicyJournal:
     evicted is inserted again, and a touched one discarded and inserted
     again, with the arguments the allocator's still unwritten state gives.
 
-    A policy whose order is a function of those arguments (LRU, priority)
-    tracks the same leaves in the same order afterwards. The adaptive
-    built-in policies (LFU, ARC, S3-FIFO, hazard, reuse-LRU, SLRU) recognise
-    these inverse calls through their undo log (``policies/undo.py``) and
-    restore their whole state, history included. A failed release is undone
-    by discards only, the same calls as a hit right after a release; the
-    journal's closing ``on_rollback`` call (``policies.ObservesRollbacks``)
-    tells them apart, so those policies also forget what its inserts learned
-    (a ghost hit, a remembered stay). The journal relies on a raising policy
-    method having changed nothing itself.
+    LRU, whose order is a function of those arguments, tracks the same
+    leaves in the same order afterwards with nothing more. Every other
+    built-in policy keeps an undo log (``policies/undo.py``): it recognises
+    these inverse calls and restores its whole state, history included
+    (ages, targets, ghost lists, clocks, expired retention). A failed release
+    is undone by discards only, the same calls as a hit right after a
+    release; the journal's closing ``on_rollback`` call
+    (``policies.ObservesRollbacks``) tells them apart. The journal relies on
+    a raising policy method having changed nothing itself.
 
     Args:
         policy: the allocator's policy.

@@ -17,7 +17,7 @@ interleaved with inserts of exposed parents or new leaves), a hit (discards),
 a touch, a release (inserts). A release taken back (its inserts discarded)
 is the same call sequence as a hit right after a release; the journal's
 closing ``on_rollback`` signal (``policies.ObservesRollbacks``) tells the
-adaptive policies to undo those inserts too.
+policies with an undo log to undo those inserts too.
 """
 
 from __future__ import annotations
@@ -36,8 +36,19 @@ from policies import ObservesRollbacks
 from policies.undo import LinkedMap, UndoLog
 from prefixcache import KVBlockAllocator
 
-ADAPTIVE = ["lfu", "arc", "s3fifo", "hazard", "reuse_lru", "slru"]
-CONTRAST = ["lru", "fifo", "priority", "protected_lru"]
+NAMES = [
+    "lru",
+    "fifo",
+    "lfu",
+    "slru",
+    "s3fifo",
+    "arc",
+    "reuse_lru",
+    "hazard",
+    "priority",
+    "protected_lru",
+]
+"""LRU needs no undo log: its order is a function of the insert arguments; the rest have one."""
 
 STEPS = 300
 SMALL = {
@@ -50,11 +61,16 @@ SMALL = {
 """Small histories and fast learning, so trimming, refreshes and ghost hits happen often."""
 
 # Fields whose layout depends on lazy deletion; their content shows in the eviction order.
-LAYOUT_ONLY = {"_heap", "_heaps", "_num_keys", "_records", "_num_paired", "_limit"}
+LAYOUT_ONLY = {"_heap", "_heaps", "_num_keys", "_records", "_num_paired", "_limit", "_trim_at"}
 
 
 def make(name: str) -> Any:
-    return policies.get(name, **SMALL.get(name, {}))
+    policy = policies.get(name, **SMALL.get(name, {}))
+    if name == "priority":  # entries above and below the default, expiring during the run
+        for block_hash in range(1001, 1200, 2):
+            expires_at = None if block_hash % 7 == 0 else block_hash % 300
+            policy.set_retention(block_hash, block_hash % 70, expires_at)
+    return policy
 
 
 def state(value: Any) -> Any:
@@ -260,26 +276,7 @@ def run(name: str, seed: int, aborted_shapes: list[str]) -> int:
     return num_checked
 
 
-NOW_KEPT = "keeps the largest clock seen (_now) that an insert or touch raised"
-KNOWN_INEXACT = {
-    "fifo": "ignores touches, so a touched leaf put back queues at its later last access",
-    "priority": NOW_KEPT,
-    "protected_lru": "a touch counts a use in the block's stay, which a put-back keeps",
-}
-"""Contrast policies without an undo log, and what their put-backs leave (strict xfails)."""
-
-
-def _with_known(names: list[str], known: dict[str, str]) -> list[Any]:
-    return [
-        pytest.param(
-            name,
-            marks=[pytest.mark.xfail(strict=True, reason=known[name])] if name in known else [],
-        )
-        for name in names
-    ]
-
-
-@pytest.mark.parametrize("name", _with_known(ADAPTIVE + CONTRAST, KNOWN_INEXACT))
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("seed", range(3))
 def test_taking_back_an_eviction_hit_or_touch_restores_the_whole_state(
     name: str, seed: int
@@ -287,14 +284,7 @@ def test_taking_back_an_eviction_hit_or_touch_restores_the_whole_state(
     assert run(name, seed, ["evict", "hit", "touch"]) > 50
 
 
-RELEASE_INEXACT = {
-    "priority": NOW_KEPT,
-    "protected_lru": "an insert remembers the block's stay, which a put-back keeps",
-}
-"""Contrast policies whose release taken back leaves a trace (strict xfails)."""
-
-
-@pytest.mark.parametrize("name", _with_known(ADAPTIVE + CONTRAST, RELEASE_INEXACT))
+@pytest.mark.parametrize("name", NAMES)
 def test_taking_back_a_release_restores_the_whole_state(name: str) -> None:
     assert run(name, 7, ["release"]) > 50
 
@@ -336,6 +326,45 @@ def test_a_failed_release_through_the_allocator_gives_back_the_ghost_hit() -> No
     assert policy.recency_share == before.recency_share
     assert state(policy) == state(before)
     allocator.check_invariants()
+
+
+def test_priority_eviction_taken_back_gives_back_the_entries_it_expired() -> None:
+    """With a clock, ``evict`` expires what came due; the put-back of its victim restores it."""
+    now = [0]
+    policy = policies.get("priority", clock=lambda: now[0])
+    policy.set_retention(10, priority=90, expires_at=5)
+    policy.insert(1, 10, 1, 1, 0)
+    policy.insert(2, 20, 2, 1, 0)
+    before = copy.deepcopy(policy)
+    now[0] = 5
+    assert policy.evict(1) == [1]  # hash 10 fell back to the default: block 1 is older
+    policy.insert(1, 10, 1, 1, 0)  # the journal puts the victim back
+    policy.on_rollback()
+    assert state(policy) == state(before)
+    assert policy.evict(2) == [1, 2]  # the entry, still due, expires again
+
+
+def test_priority_set_retention_drops_the_undo_records() -> None:
+    """A retention change cannot be taken back, nor can the calls before it."""
+    policy = policies.get("priority")
+    policy.set_retention(10, priority=90, expires_at=3)
+    policy.insert(1, 10, 5, 1, 0)  # the clock seen reaches 5: the entry expires
+    policy.set_retention(10, priority=80, expires_at=None)
+    policy.discard(1)
+    policy.on_rollback()  # would otherwise take the insert back, expiry and all
+    assert policy.priority_of(10) == 80
+
+
+def test_protected_lru_registration_hook_drops_the_undo_records() -> None:
+    """A history entry the hook moves would break the links a record keeps: no undo past it."""
+    policy = policies.get("protected_lru", history_capacity=2)
+    for block_id in (1, 2, 3):
+        policy.insert(block_id, block_id * 10, block_id, 1, 0)
+    assert policy.evict(3) == [1, 2, 3]  # history 20, 30: hash 10 pushed out
+    policy.on_register([20], first_depth=0)  # history 30, 20
+    policy.insert(3, 30, 3, 1, 0)  # not a put-back now: hash 30 returns with its use
+    assert policy.is_protected(3)
+    assert list(policy._history) == [20] and policy.remembered_uses(20) == 1
 
 
 def test_an_evicted_leaf_put_back_after_an_empty_evict_and_a_discard_is_not_an_undo() -> None:
