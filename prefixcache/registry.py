@@ -15,6 +15,10 @@ ROOT = -1
 NONE = -1
 """Link value meaning "no such block" in the child lists."""
 
+_DEREGISTER_ONE_BY_ONE_UP_TO = 8
+"""Plans this small skip the vectorised path of ``deregister_leaves``: its numpy calls
+cost more than a few scalar updates (benchmarks/bench_core.py, eviction of one block)."""
+
 
 class HashRegistry:
     """Hash <-> block maps with parent/child links between registered blocks.
@@ -233,6 +237,10 @@ class HashRegistry:
             raise InvariantError(
                 f"deregister_leaves: {list(block_ids)} holds an unregistered block or a block twice"
             )
+        if len(block_ids) <= _DEREGISTER_ONE_BY_ONE_UP_TO:
+            for block_id in block_ids:
+                self.deregister_leaf(block_id)
+            return hashes
         block_of_hash = self._block_of_hash
         for block_hash in hashes:
             del block_of_hash[block_hash]

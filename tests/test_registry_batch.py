@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from prefixcache import registry as registry_module
 from prefixcache.errors import InvariantError
 from prefixcache.registry import NONE, ROOT, HashRegistry
 
@@ -68,8 +69,13 @@ def _eviction_order(rng: random.Random, registry: HashRegistry, count: int) -> l
     return order
 
 
+@pytest.mark.parametrize("one_by_one_up_to", [0, registry_module._DEREGISTER_ONE_BY_ONE_UP_TO])
 @pytest.mark.parametrize("seed", range(40))
-def test_batch_matches_one_at_a_time(seed: int) -> None:
+def test_batch_matches_one_at_a_time(
+    seed: int, one_by_one_up_to: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both paths of deregister_leaves: vectorised, and one by one for small plans."""
+    monkeypatch.setattr(registry_module, "_DEREGISTER_ONE_BY_ONE_UP_TO", one_by_one_up_to)
     rng = random.Random(seed)
     registry = _random_forest(rng, rng.randint(2, 60))
     order = _eviction_order(rng, registry, rng.randint(1, 60))
