@@ -32,7 +32,10 @@ class BlockPool:
     kernels that allocate on the device. Pushes are copied to it with
     ``non_blocking=True`` from pinned host memory (when CUDA is present) and
     it is never read back, so no call waits for the device. The mirror is
-    exact once the copy stream has drained.
+    exact once the copy stream has drained. A copy that raises leaves the host
+    stack and ``num_free`` as they were, so the allocator's rollback holds; the
+    mirror's entries in the copied range are then undefined until the next
+    successful copy of that range.
 
     :meth:`release` does not validate IDs, on purpose: the pool cannot tell a
     held ID from a free one without a per-block flag that every push and pop
@@ -75,11 +78,17 @@ class BlockPool:
     def reset(self) -> None:
         """Put every usable block back on the stack, ID 0 on top.
 
+        If the device copy raises, the host stack and ``num_free`` are as before.
         Complexity: O(total_count).
         """
+        old_free = self._stack[: self.num_free].copy()
         self._stack[:] = np.arange(self.num_usable - 1, -1, -1, dtype=np.int32)
+        try:
+            self._mirror_range(0, self.num_usable)
+        except BaseException:
+            self._stack[: len(old_free)] = old_free  # the host stack as it was
+            raise
         self.num_free = self.num_usable
-        self._mirror_range(0, self.num_usable)
 
     def acquire(self, num_blocks: int) -> np.ndarray:
         """Pop ``num_blocks`` IDs and return them as a fresh int32 array.
@@ -128,9 +137,9 @@ class BlockPool:
             raise InvalidArgumentError(
                 f"releasing {count} blocks, but only {self.num_usable - top} are handed out"
             )
-        self._stack[top : top + count] = block_ids
-        self.num_free = top + count
+        self._stack[top : top + count] = block_ids  # above the top: not free until counted
         self._mirror_range(top, top + count)
+        self.num_free = top + count
 
     def free_ids(self) -> np.ndarray:
         """A copy of the free IDs, bottom of the stack first. Complexity: O(num_free)."""
