@@ -342,7 +342,7 @@ class HazardPolicy:
         while len(victims) < num_blocks and self._tracked:
             best: tuple[float, tuple[int, int, int], int] | None = None
             for klass, heap in enumerate(self._heaps):
-                while heap and self._tracked.get(heap[0][2]) != heap[0]:
+                while heap and not self._is_live(heap[0], klass):
                     heapq.heappop(heap)  # a stale key: discarded or moved since
                     self._num_keys -= 1
                 if heap:
@@ -358,6 +358,16 @@ class HazardPolicy:
         if not victims:
             self._undo.evicted_nothing()
         return victims
+
+    def _is_live(self, key: tuple[int, int, int], klass: int) -> bool:
+        """Whether ``key`` in the heap of ``klass`` is its block's current key.
+
+        The class is checked too: a leaf discarded and inserted again with the
+        same arguments gets the same key, maybe in another class, and its old
+        entry must not pass for current there.
+        """
+        block_id = key[2]
+        return self._tracked.get(block_id) == key and self._stays[block_id].klass == klass
 
     def _forget(self, key: tuple[int, int, int]) -> int:
         last_access, _, block_id = key
