@@ -20,8 +20,9 @@ class PolicyJournal:
     again, with the arguments the allocator's still unwritten state gives.
 
     LRU, whose order is a function of those arguments, tracks the same
-    leaves in the same order afterwards with nothing more. Every other
-    built-in policy keeps an undo log (``policies/undo.py``): it recognises
+    leaves in the same order afterwards with nothing more. The other online
+    built-in policies that track leaves keep an undo log
+    (``policies/undo.py``; ``ref_zero`` tracks none): each recognises
     these inverse calls and restores its whole state, history included
     (ages, targets, ghost lists, clocks, expired retention). A failed release
     is undone by discards only, the same calls as a hit right after a
