@@ -19,8 +19,10 @@ left three kinds of behaviour unpinned:
   events), the arguments hashing passes on, routing refusals, and the exact
   messages and counters that other tests only checked loosely.
 
-One test is a strict xfail: it pins a bug of the fresh-chain shortcut of
-``register_kv_block_hashes`` (a hash repeated in one call).
+One test pins a bug this found and that is now fixed: the fresh-chain
+shortcut of ``register_kv_block_hashes`` let a hash repeated in one call be
+held by two blocks. ``tests/MUTATION.md`` lists the survivors and why each is
+equivalent.
 """
 
 from __future__ import annotations

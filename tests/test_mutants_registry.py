@@ -119,6 +119,18 @@ def test_check_names_a_registered_block_without_a_hash() -> None:
     assert "6 blocks flagged registered, 5 hashes" in problems
 
 
+def test_check_names_a_hash_whose_block_carries_another() -> None:
+    registry = _forest()
+    registry._hash_of_block[4] = 2004  # block 4 still listed under hash 1004
+    assert "hash 1004 maps to block 4, which carries another" in registry.check()
+
+
+def test_check_names_a_block_under_an_unregistered_parent() -> None:
+    registry = _forest()
+    registry.is_registered[0] = False  # the root of chain 0 -> 1 -> 2 drops out
+    assert "block 1 is registered under unregistered parent 0" in registry.check()
+
+
 def test_check_names_the_block_with_a_wrong_child_count() -> None:
     registry = _forest()
     registry.num_children[1] += 1
