@@ -46,8 +46,8 @@ import numpy as np
 import xxhash
 from machine import cpu_model  # benchmarks/machine.py, beside this script
 
-from prefixcache import hashing as hashing_module
-from prefixcache.hashing import compute_block_hashes
+from prefixcache.engine import hashing as hashing_module
+from prefixcache.engine.hashing import compute_block_hashes
 
 try:
     import resource
@@ -254,7 +254,7 @@ def _split_variants(block_size: int) -> dict[str, Callable[[np.ndarray], list[in
 _CHUNKING_CHILD = """
 import gc, resource, sys, time
 import numpy as np
-from prefixcache import hashing
+from prefixcache.engine import hashing
 block_size, chunk_bytes, repeats, warmup = map(int, sys.argv[1:])
 hashing._CHUNK_BYTES = chunk_bytes  # the knob under test
 tokens = np.random.default_rng(1).integers(0, 150_000, 128 * 1024).astype(np.int32)

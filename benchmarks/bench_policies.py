@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 
-import policies
+from prefixcache import policies
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 SKIPPED = {"belady", "ref_zero"}  # needs the future / tracks nothing

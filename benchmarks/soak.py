@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as a script from a checkout
 import numpy as np
 import torch
 
-import policies
+from prefixcache import policies
 from prefixcache import BudgetExceededError, KVBlockAllocator, compute_block_hashes
 
 DEFAULT_OPS = 10_000_000

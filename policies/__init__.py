@@ -28,8 +28,8 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
-from policies.arc import ARCPolicy
-from policies.base import (
+from prefixcache.policies.arc import ARCPolicy
+from prefixcache.policies.base import (
     EvictionPolicy,
     ObservesRegistrations,
     ObservesRollbacks,
@@ -37,17 +37,17 @@ from policies.base import (
     SupportsRetention,
     UnknownPolicyError,
 )
-from policies.belady import BeladyPolicy
-from policies.fifo import FIFOPolicy
-from policies.hazard import HazardPolicy
-from policies.lfu import LFUPolicy
-from policies.lru import LRUPolicy
-from policies.priority import PriorityPolicy
-from policies.protected_lru import ProtectedLRUPolicy
-from policies.ref_zero import RefZeroPolicy
-from policies.reuse_lru import ReuseLRUPolicy
-from policies.s3fifo import S3FIFOPolicy
-from policies.slru import SLRUPolicy
+from prefixcache.policies.belady import BeladyPolicy
+from prefixcache.policies.fifo import FIFOPolicy
+from prefixcache.policies.hazard import HazardPolicy
+from prefixcache.policies.lfu import LFUPolicy
+from prefixcache.policies.lru import LRUPolicy
+from prefixcache.policies.priority import PriorityPolicy
+from prefixcache.policies.protected_lru import ProtectedLRUPolicy
+from prefixcache.policies.ref_zero import RefZeroPolicy
+from prefixcache.policies.reuse_lru import ReuseLRUPolicy
+from prefixcache.policies.s3fifo import S3FIFOPolicy
+from prefixcache.policies.slru import SLRUPolicy
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -6,7 +6,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
 
 
 class ARCPolicy:
@@ -32,7 +32,7 @@ class ARCPolicy:
     hit before) goes to ``T2``. Ghost lists hold hashes only, never blocks,
     each its ``ghost_capacity`` most recent.
 
-    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
     with what it changed (a ghost removed in place, ``p``, a stay, a key),
     so the allocator journal's inverse calls restore all of it: an evicted
     leaf put back returns to its list without a ghost hit, and its ghost
@@ -198,7 +198,7 @@ class ARCPolicy:
         self._undo.rolled_back(self._restore)
 
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
         if kind == INSERTED:
             self._remove(block_id)
             stay, ghost = data

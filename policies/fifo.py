@@ -6,7 +6,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from policies.undo import INSERTED, TOUCHED, UndoLog
+from prefixcache.policies.undo import INSERTED, TOUCHED, UndoLog
 
 
 class FIFOPolicy:
@@ -27,7 +27,7 @@ class FIFOPolicy:
     Rollback: the allocator journal puts a removed or touched leaf back with
     the arguments it has, whose ``last_access`` counts the touches FIFO
     ignores, so a plain insert would queue a touched leaf at its last touch.
-    Every call is recorded in an :class:`~policies.undo.UndoLog` with the key
+    Every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog` with the key
     it removed, so those inverse calls put the old key back. A release taken
     back needs no ``on_rollback``: discarding a leaf just inserted leaves
     nothing behind here.
@@ -88,7 +88,7 @@ class FIFOPolicy:
         return victims
 
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
         if kind == INSERTED:
             self._order.remove(self._key_of.pop(block_id))
         elif kind != TOUCHED:  # a removal: ``data`` is the key

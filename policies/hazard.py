@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
 
 _BINS_PER_OCTAVE = 4  # age histogram resolution: bins grow by 2 ** (1 / 4)
 _NUM_AGE_BINS = 128  # covers idle ages up to 2 ** 32 clock ticks
@@ -90,7 +90,7 @@ class HazardPolicy:
     seen, as the hook carries none) and keeps the earlier use count by hash
     (bounded like the history) until the block is inserted.
 
-    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
     with what it changed (a stay, history entries removed in place, the
     learned counts, and the score tables when it refreshed them), so the
     allocator journal's inverse calls restore all of it: an evicted leaf
@@ -392,7 +392,7 @@ class HazardPolicy:
         self._undo.rolled_back(self._restore)
 
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
         if kind == INSERTED:
             del self._tracked[block_id]
             stay, self._now, events, learned, links = data

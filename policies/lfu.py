@@ -6,7 +6,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from policies.undo import INSERTED, TOUCHED, UndoLog
+from prefixcache.policies.undo import INSERTED, TOUCHED, UndoLog
 
 
 class LFUPolicy:
@@ -23,7 +23,7 @@ class LFUPolicy:
     multiplied by ``frequency_weight``: below 1 ages bursts out faster, above
     1 keeps frequent blocks longer. A block's history ends when it is evicted.
 
-    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
     with the key, count and age it replaced, so the allocator journal's
     inverse calls (an evicted leaf inserted again with its arguments, ...)
     restore the exact keys and age instead of re-scoring at the raised age.
@@ -112,7 +112,7 @@ class LFUPolicy:
         self._undo.rolled_back(self._restore)
 
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
         if kind == INSERTED:
             self._order.remove(self._key_of.pop(block_id))
             del self._accesses[block_id]

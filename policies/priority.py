@@ -7,7 +7,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from policies.undo import EVICTED, INSERTED, TOUCHED, UndoLog
+from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, UndoLog
 
 _Expired = list[tuple[int, tuple[int, int | None]]]
 """Retention entries an expiry dropped, in order: (hash, (priority, expires_at))."""
@@ -39,7 +39,7 @@ class PriorityPolicy:
     entries, so the allocator journal's inverse calls restore every key; but
     an aborted insert or touch may have raised the clock seen, and expired
     entries with it. Every call is recorded in an
-    :class:`~policies.undo.UndoLog` with the clock it raised and the entries
+    :class:`~prefixcache.policies.undo.UndoLog` with the clock it raised and the entries
     it expired, so the inverse calls (and :meth:`on_rollback`, for a release
     taken back) put both back. :meth:`set_retention` cannot be taken back: it
     drops the records. With a ``clock``, what an empty :meth:`evict` expired
@@ -235,7 +235,7 @@ class PriorityPolicy:
         self._undo.rolled_back(self._restore)
 
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
         if kind == INSERTED:
             self._remove(block_id)
             self._now, expired = data

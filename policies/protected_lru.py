@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
 
 _Evicted = tuple[
     tuple[int, int], tuple[int, int, int], list[Any] | None, tuple[int, list[Any]] | None
@@ -55,7 +55,7 @@ class ProtectedLRUPolicy:
     (``benchmarks/policy_tables.md``, "on_register"); it matters with a short
     history.
 
-    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
     with what it changed (a place, a stay, history entries removed in place),
     so the allocator journal's inverse calls restore all of it: a victim put
     back takes its old place and class and leaves the history as it was, a
@@ -213,7 +213,7 @@ class ProtectedLRUPolicy:
         self._undo.rolled_back(self._restore)
 
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
         if kind == INSERTED:
             self._unplace(block_id)
             stay, link = data

@@ -6,7 +6,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
 
 
 class ReuseLRUPolicy:
@@ -32,7 +32,7 @@ class ReuseLRUPolicy:
     policy for a hit (bounded by the pool), so the history is not counted
     twice.
 
-    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
     with what it changed (a key, a stay, a history entry removed in place,
     the eviction age), so the allocator journal's inverse calls restore all
     of it: an evicted leaf put back keeps its key and leaves the eviction
@@ -182,7 +182,7 @@ class ReuseLRUPolicy:
         self._undo.rolled_back(self._restore)
 
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
         if kind == INSERTED:
             self._remove(block_id)
             stay, history, self._now = data

@@ -7,7 +7,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
 
 _MAX_FREQUENCY = 3  # S3-FIFO's two-bit counter
 
@@ -56,7 +56,7 @@ class S3FIFOPolicy:
     The ghost list holds hashes only, never blocks; it keeps the most recent
     ``ghost_capacity`` of them.
 
-    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
     with what it changed (a stay, a ghost removed in place, the queue moves
     an eviction made before its victim, the clocks), so the allocator
     journal's inverse calls restore all of it: an evicted leaf put back
@@ -253,7 +253,7 @@ class S3FIFOPolicy:
         self._undo.rolled_back(self._restore)
 
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
         if kind == INSERTED:
             self._untrack(block_id)
             self._now, self._sequence, stay, ghost = data

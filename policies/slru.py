@@ -6,7 +6,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from policies.undo import INSERTED, TOUCHED, UndoLog
+from prefixcache.policies.undo import INSERTED, TOUCHED, UndoLog
 
 
 class SLRUPolicy:
@@ -23,7 +23,7 @@ class SLRUPolicy:
 
     A touch counts as a reuse: it moves a probation block to protected.
 
-    Rollback: every call is recorded in an :class:`~policies.undo.UndoLog`
+    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
     with the key and segment it replaced, so the allocator journal's inverse
     calls put a block back where it was; a touched one-hit block, inserted
     again with its old arguments, returns to protected, not probation.
@@ -113,7 +113,7 @@ class SLRUPolicy:
         self._undo.rolled_back(self._restore)
 
     def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~policies.undo.UndoLog`)."""
+        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
         if kind in (INSERTED, TOUCHED):
             self._remove(block_id)
         if kind != INSERTED:

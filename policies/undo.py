@@ -1,6 +1,6 @@
 """Exact undo of a policy's latest calls, for the allocator's rollback journal.
 
-When an allocator call fails half-way, ``prefixcache.journal.PolicyJournal``
+When an allocator call fails half-way, ``prefixcache.engine.journal.PolicyJournal``
 takes back the policy calls already made, newest first, with inverse calls
 of the public protocol: a leaf it inserted is discarded; a leaf it discarded
 or that ``evict`` returned is inserted again with the arguments it had; a

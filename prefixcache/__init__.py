@@ -9,12 +9,20 @@
 >>> allocator.release_memory_blocks(blocks)
 >>> allocator.match_prefix(hashes, acquire=True).tolist() == blocks.tolist()
 True
+
+The package is layered (DESIGN.md, "Layers"): :mod:`prefixcache.engine` (the
+block manager), :mod:`prefixcache.serving` and :mod:`prefixcache.wire` above
+it, :mod:`prefixcache.cluster` above those, :mod:`prefixcache.tools` on top;
+eviction policies are :mod:`prefixcache.policies`. The names below are the
+public API, importable from here.
 """
 
-from prefixcache.allocator import KVBlockAllocator
-from prefixcache.block_ids import BlockIdsLike
-from prefixcache.block_table import BlockTable
-from prefixcache.config import AllocatorConfig, build_policy
+from prefixcache import _moved
+
+from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.engine.block_ids import BlockIdsLike
+from prefixcache.serving.block_table import BlockTable
+from prefixcache.engine.config import AllocatorConfig, build_policy
 from prefixcache.errors import (
     BlockStateError,
     BudgetExceededError,
@@ -28,15 +36,17 @@ from prefixcache.errors import (
     PrefixCacheError,
     ReferenceCountError,
 )
-from prefixcache.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
-from prefixcache.kv_cache import KVCache, blocks_for_memory_budget
-from prefixcache.pool import BlockPool
-from prefixcache.registry import HashRegistry
-from prefixcache.routing import RoutingStore
-from prefixcache.stats import AllocatorStats
-from prefixcache.types import BlockHash, BlockId
+from prefixcache.engine.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
+from prefixcache.serving.kv_cache import KVCache, blocks_for_memory_budget
+from prefixcache.engine.pool import BlockPool
+from prefixcache.engine.registry import HashRegistry
+from prefixcache.engine.routing import RoutingStore
+from prefixcache.engine.stats import AllocatorStats
+from prefixcache.engine.types import BlockHash, BlockId
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_moved.install()
 
 __all__ = [
     "HASH_ALGORITHMS",

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from prefixcache.cli import main
+from prefixcache.tools.cli import main
 
 raise SystemExit(main())

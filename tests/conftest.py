@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from policies import LRUPolicy
+from prefixcache.policies import LRUPolicy
 from prefixcache import KVBlockAllocator, PrefixCacheError
 
 TOTAL_COUNT = 16

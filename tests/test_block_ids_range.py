@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from prefixcache.block_ids import _CHECK_IN_PYTHON_UP_TO, to_block_ids
+from prefixcache.engine.block_ids import _CHECK_IN_PYTHON_UP_TO, to_block_ids
 from prefixcache.errors import InvalidBlockIdError
 
 NUM_USABLE = 100

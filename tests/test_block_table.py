@@ -16,7 +16,7 @@ from prefixcache import (
     InvalidTensorError,
     KVBlockAllocator,
 )
-from prefixcache.block_table import BlockTable
+from prefixcache.serving.block_table import BlockTable
 
 DUMMY = 15
 

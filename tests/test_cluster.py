@@ -1,4 +1,4 @@
-"""prefixcache.cluster: routers, the in-process prefix index, the multi-worker replay, the CLI."""
+"""prefixcache.cluster.simulation: routers, the in-process prefix index, the multi-worker replay, the CLI."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from prefixcache.cluster import (
+from prefixcache.cluster.simulation import (
     LeastLoadedRouter,
     PrefixAwareRouter,
     PrefixIndex,
@@ -19,8 +19,8 @@ from prefixcache.cluster import (
     replay_cluster,
 )
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
-from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
-from prefixcache.trace import TraceRequest, sample_trace_path
+from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
+from prefixcache.serving.trace import TraceRequest, sample_trace_path
 
 IDLE = [WorkerLoad(0, 0)] * 3
 
@@ -82,7 +82,7 @@ def test_prefix_aware_keeps_families_together() -> None:
 
 
 def test_one_worker_matches_the_single_engine_replay() -> None:
-    from prefixcache.replay import replay_concurrent
+    from prefixcache.tools.replay import replay_concurrent
 
     trace = family_trace(9)
     single = replay_concurrent(trace, 30)

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-import policies
-from policies import EvictionPolicy, LRUPolicy, RefZeroPolicy
+from prefixcache import policies
+from prefixcache.policies import EvictionPolicy, LRUPolicy, RefZeroPolicy
 from prefixcache import AllocatorConfig, ConfigError, KVBlockAllocator
 
 BASE = {"total_count": 16, "block_size_tokens": 4, "device": "cpu"}

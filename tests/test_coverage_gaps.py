@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies import LRUPolicy, RefZeroPolicy
+from prefixcache.policies import LRUPolicy, RefZeroPolicy
 from prefixcache import (
     InvalidTensorError,
     InvariantError,

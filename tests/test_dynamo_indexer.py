@@ -26,12 +26,12 @@ pytest.importorskip("msgspec")
 pytest.importorskip("dynamo.indexer")
 
 from prefixcache import KVBlockAllocator
-from prefixcache.cluster import (
+from prefixcache.cluster.simulation import (
     DynamoIndexerClient,
     free_tcp_port,
     start_dynamo_indexer,
 )
-from prefixcache.publisher import ZmqEventPublisher
+from prefixcache.wire.publisher import ZmqEventPublisher
 
 pytestmark = pytest.mark.dynamo
 

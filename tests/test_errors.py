@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-import policies
+from prefixcache import policies
 from prefixcache import (
     AllocatorConfig,
     BlockStateError,

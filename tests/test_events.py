@@ -8,7 +8,7 @@ import pytest
 
 from prefixcache import KVBlockAllocator
 from prefixcache.errors import ConfigError, HashConflictError, InvalidArgumentError
-from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventLog, wire_hash
+from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventLog, wire_hash
 
 BLOCK = 4  # tokens a block, as the conftest allocator
 

@@ -9,7 +9,7 @@ their methods raises :class:`InjectedFault`:
 - the policy: a :class:`FaultyPolicy` proxy around the configured policy,
   passed to the allocator as a policy object through its config;
 - the pool: the allocator instance's ``pool`` methods, monkeypatched;
-- the hash function: ``prefixcache.hashing.compute_block_hashes``,
+- the hash function: ``prefixcache.engine.hashing.compute_block_hashes``,
   monkeypatched (both :meth:`~KVBlockAllocator.hash_tokens` and
   :meth:`~KVBlockAllocator.fingerprint_tokens` go through it).
 
@@ -38,10 +38,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import policies
-from policies import PredictsNextVictim
-from prefixcache import KVBlockAllocator, PrefixCacheError, hashing
-from prefixcache.pool import BlockPool
+from prefixcache import policies
+from prefixcache.policies import PredictsNextVictim
+from prefixcache import KVBlockAllocator, PrefixCacheError
+from prefixcache.engine import hashing
+from prefixcache.engine.pool import BlockPool
 
 POLICY_NAMES = [name for name in policies.available() if name != "belady"]
 TOTAL_COUNT = 12

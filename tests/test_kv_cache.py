@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prefixcache import CapacityError, ConfigError, InvalidArgumentError, InvalidTensorError
-from prefixcache.kv_cache import KVCache, blocks_for_memory_budget
+from prefixcache.serving.kv_cache import KVCache, blocks_for_memory_budget
 
 LAYOUTS = {
     "mha": {"k_heads": 4, "k_head_dim": 8},

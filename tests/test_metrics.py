@@ -1,4 +1,4 @@
-"""prefixcache.metrics: the plain dict and the Prometheus exporter."""
+"""prefixcache.wire.metrics: the plain dict and the Prometheus exporter."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from prefixcache import KVBlockAllocator
-from prefixcache.metrics import COUNTERS, PrometheusExporter, collect
+from prefixcache.wire.metrics import COUNTERS, PrometheusExporter, collect
 
 
 @pytest.fixture

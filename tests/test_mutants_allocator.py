@@ -4,7 +4,7 @@ Mutation testing of prefixcache/allocator.py, eviction.py and journal.py
 left three kinds of behaviour unpinned:
 
 - Rollback. The fault-injection harness computes its report once per
-  session, so a mutant of :class:`~prefixcache.journal.PolicyJournal` run
+  session, so a mutant of :class:`~prefixcache.engine.journal.PolicyJournal` run
   against one of its tests is judged on that test's method only. Here each
   journalled call (insert, discard, evicted victim, touch) fails part-way
   on its own and the allocator must come back exactly as it was.
@@ -34,10 +34,10 @@ import numpy as np
 import pytest
 import torch
 
-from policies import LRUPolicy
+from prefixcache.policies import LRUPolicy
 from prefixcache import AllocatorConfig, InvariantError, KVBlockAllocator, compute_block_hashes
-from prefixcache.events import wire_hash
-from prefixcache.invariants import find_invariant_problems
+from prefixcache.engine.events import wire_hash
+from prefixcache.engine.invariants import find_invariant_problems
 
 Digest = Callable[[KVBlockAllocator], Any]
 

@@ -1,4 +1,4 @@
-"""Tests of prefixcache.hashing written to kill mutants that survived the main suite.
+"""Tests of prefixcache.engine.hashing written to kill mutants that survived the main suite.
 
 Each test pins a behaviour that a mutation run (mutmut) showed no other test
 checked: the exact index and value an error names at the int32 boundaries,
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from prefixcache import hashing
+from prefixcache.engine import hashing
 from prefixcache.errors import InvalidArgumentError, InvalidTensorError
-from prefixcache.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
+from prefixcache.engine.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_HASH = {"xxh3_64": 2**63 - 1, "xxh3_128": 2**128 - 1, "sha256": 2**256 - 1}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies import LRUPolicy
+from prefixcache.policies import LRUPolicy
 
 SLACK = 64
 """Stale heap entries tolerated beyond twice the live ones before a rebuild."""

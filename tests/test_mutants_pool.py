@@ -1,4 +1,4 @@
-"""Tests of prefixcache.pool.BlockPool written to kill mutants that survived the main suite.
+"""Tests of prefixcache.engine.pool.BlockPool written to kill mutants that survived the main suite.
 
 The allocator always hands the pool plain ints and never over-releases, so
 the pool's own checks (count types, over-release) and the device mirror,
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
-from prefixcache.pool import BlockPool, resolve_device
+from prefixcache.engine.pool import BlockPool, resolve_device
 
 
 def _digest(pool: BlockPool) -> tuple[int, list[int]]:

@@ -15,8 +15,8 @@ import random
 
 import pytest
 
-import policies
-from policies import (
+from prefixcache import policies
+from prefixcache.policies import (
     LFUPolicy,
     PriorityPolicy,
     ReuseLRUPolicy,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies import ARCPolicy, HazardPolicy
+from prefixcache.policies import ARCPolicy, HazardPolicy
 
 
 def insert(policy, block_id: int, last_access: int, num_accesses: int = 1, depth: int = 0) -> None:

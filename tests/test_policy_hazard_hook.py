@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies import HazardPolicy, ObservesRegistrations
+from prefixcache.policies import HazardPolicy, ObservesRegistrations
 
 
 def _next_victim(returns_registered: bool) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from policies import LRUPolicy
+from prefixcache.policies import LRUPolicy
 from prefixcache import InvariantError, KVBlockAllocator, compute_block_hashes
 
 BLOCK_SIZE = 2

@@ -1,6 +1,6 @@
 """Rollback of policy calls: the journal's inverse calls restore a policy exactly.
 
-``prefixcache.journal.PolicyJournal`` takes back a failed allocator call's
+``prefixcache.engine.journal.PolicyJournal`` takes back a failed allocator call's
 policy calls, newest first: an inserted leaf is discarded, a discarded or
 evicted leaf inserted again with the arguments it had, a touched leaf
 discarded and inserted with its old arguments. A seeded cache model drives
@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 from sortedcontainers import SortedList
 
-import policies
-from policies import ObservesRollbacks
-from policies.undo import LinkedMap, UndoLog
+from prefixcache import policies
+from prefixcache.policies import ObservesRollbacks
+from prefixcache.policies.undo import LinkedMap, UndoLog
 from prefixcache import KVBlockAllocator
 
 NAMES = [

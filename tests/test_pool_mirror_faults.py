@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from prefixcache import KVBlockAllocator
-from prefixcache.pool import BlockPool
+from prefixcache.engine.pool import BlockPool
 
 Digest = Callable[[KVBlockAllocator], Any]
 

@@ -11,8 +11,8 @@ msgspec = pytest.importorskip("msgspec")
 
 from prefixcache import KVBlockAllocator  # noqa: E402
 from prefixcache.errors import ConfigError, InvalidArgumentError  # noqa: E402
-from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
-from prefixcache.publisher import END_SEQ, ZmqEventPublisher, encode_batch  # noqa: E402
+from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
+from prefixcache.wire.publisher import END_SEQ, ZmqEventPublisher, encode_batch  # noqa: E402
 
 LOOPBACK = "tcp://127.0.0.1:0"
 TIMEOUT_MS = 3000

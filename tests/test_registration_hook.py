@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from policies import LRUPolicy, ObservesRegistrations
+from prefixcache.policies import LRUPolicy, ObservesRegistrations
 from prefixcache import KVBlockAllocator, compute_block_hashes
 
 BLOCK_SIZE = 2

@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from prefixcache import registry as registry_module
+from prefixcache.engine import registry as registry_module
 from prefixcache.errors import InvariantError
-from prefixcache.registry import NONE, ROOT, HashRegistry
+from prefixcache.engine.registry import NONE, ROOT, HashRegistry
 
 
 def _state(registry: HashRegistry) -> dict[str, object]:

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-import policies
+from prefixcache import policies
 from prefixcache import CapacityError, ConfigError, InvalidArgumentError, InvariantError
-from prefixcache.kv_cache import KVCache
-from prefixcache.sim import (
+from prefixcache.serving.kv_cache import KVCache
+from prefixcache.serving.sim import (
     DynamicBatchingSim,
     SimConfig,
     SimRequest,

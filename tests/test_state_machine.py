@@ -19,14 +19,14 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import policies
+from prefixcache import policies
 from prefixcache import (
     BudgetExceededError,
     KVBlockAllocator,
     PrefixCacheError,
     ReferenceCountError,
 )
-from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored
+from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 TOTAL_COUNT = 13
 PAUSED_COUNT = 3

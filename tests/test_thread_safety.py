@@ -19,14 +19,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-import policies
+from prefixcache import policies
 from prefixcache import (
     BudgetExceededError,
     ConfigError,
     KVBlockAllocator,
     compute_block_hashes,
 )
-from prefixcache.locked import ThreadSafeAllocator
+from prefixcache.engine.locked import ThreadSafeAllocator
 
 NUM_THREADS = 8
 OPS_PER_THREAD = 400

@@ -9,16 +9,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from policies import EvictionPolicy, ObservesRegistrations, SupportsRetention
-from prefixcache import hashing
-from prefixcache.block_ids import (
+from prefixcache.policies import EvictionPolicy, ObservesRegistrations, SupportsRetention
+from prefixcache.engine import hashing
+from prefixcache.engine.block_ids import (
     EMPTY_IDS,
     BlockIdsLike,
     to_block_ids,
     to_int_array,
     to_tensor,
 )
-from prefixcache.config import AllocatorConfig, build_policy
+from prefixcache.engine.config import AllocatorConfig, build_policy
 from prefixcache.errors import (
     BlockStateError,
     BudgetExceededError,
@@ -29,15 +29,15 @@ from prefixcache.errors import (
     InvariantError,
     ReferenceCountError,
 )
-from prefixcache.events import BlockStored, KVCacheEvent, KVEventLog
-from prefixcache.eviction import EvictionPlanner
-from prefixcache.invariants import find_invariant_problems
-from prefixcache.journal import PolicyJournal
-from prefixcache.pool import BlockPool
-from prefixcache.registry import ROOT, HashRegistry
-from prefixcache.routing import RoutingStore
-from prefixcache.stats import AllocatorStats
-from prefixcache.types import NO_HASH
+from prefixcache.engine.events import BlockStored, KVCacheEvent, KVEventLog
+from prefixcache.engine.eviction import EvictionPlanner
+from prefixcache.engine.invariants import find_invariant_problems
+from prefixcache.engine.journal import PolicyJournal
+from prefixcache.engine.pool import BlockPool
+from prefixcache.engine.registry import ROOT, HashRegistry
+from prefixcache.engine.routing import RoutingStore
+from prefixcache.engine.stats import AllocatorStats
+from prefixcache.engine.types import NO_HASH
 
 _SENTINEL_HASHES = (0, -1)
 
@@ -448,7 +448,7 @@ class KVBlockAllocator:
 
         Raises:
             InvalidArgumentError: ``extra_keys`` is not a list or tuple, or as
-                :func:`~prefixcache.hashing.compute_block_hashes` raises.
+                :func:`~prefixcache.engine.hashing.compute_block_hashes` raises.
 
         Complexity: O(tokens), one hash call per block.
         """
@@ -494,7 +494,7 @@ class KVBlockAllocator:
 
         Raises:
             InvalidArgumentError: ``extra_keys`` is not a list or tuple, or as
-                :func:`~prefixcache.hashing.compute_block_hashes` raises.
+                :func:`~prefixcache.engine.hashing.compute_block_hashes` raises.
 
         Complexity: O(tokens).
         """

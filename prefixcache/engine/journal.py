@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from policies import EvictionPolicy, ObservesRollbacks
+from prefixcache.policies import EvictionPolicy, ObservesRollbacks
 
 _INSERTED, _REMOVED, _TOUCHED = 0, 1, 2
 

@@ -47,7 +47,7 @@ TRACE_BLOCK_SIZE = 512
 _MASK63 = (1 << 63) - 1
 _INT64 = struct.Struct("<q")
 # Parent of every chain's first block: derived from a fixed tag of its own, so
-# trace chains do not start from any root that prefixcache.hashing derives.
+# trace chains do not start from any root that prefixcache.engine.hashing derives.
 _TRACE_ROOT = xxhash.xxh3_64_intdigest(b"prefixcache.trace.root.v1") & _MASK63 or 1
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
@@ -153,7 +153,7 @@ def trace_block_hashes(hash_ids: Iterable[int]) -> list[int]:
 
     Hash ``i`` is ``XXH3-64(hash_ids[i] as little-endian int64, seed=hash
     i - 1)`` folded into a positive 63-bit int (0 maps to 1), with a fixed
-    root seed before the first block, as :mod:`prefixcache.hashing` chains
+    root seed before the first block, as :mod:`prefixcache.engine.hashing` chains
     token blocks. So hash ``i`` depends on every ID up to ``i``: equal IDs at
     equal positions under an equal prefix give equal hashes, and an equal ID
     after a different prefix gives a different one (up to 64-bit collisions).
@@ -193,4 +193,4 @@ def sample_trace_path() -> Path:
 
     Complexity: O(1).
     """
-    return Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
+    return Path(__file__).resolve().parent.parent / "data" / "mooncake_sample.jsonl"

@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from prefixcache.allocator import KVBlockAllocator
-from prefixcache.block_ids import BlockIdsLike
+from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.engine.block_ids import BlockIdsLike
 from prefixcache.errors import ConfigError
-from prefixcache.events import BlockStored, KVCacheEvent
-from prefixcache.stats import AllocatorStats
+from prefixcache.engine.events import BlockStored, KVCacheEvent
+from prefixcache.engine.stats import AllocatorStats
 
 
 class ThreadSafeAllocator:

@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import policies
-from policies import EvictionPolicy, UnknownPolicyError
-from prefixcache import hashing
+from prefixcache import policies
+from prefixcache.policies import EvictionPolicy, UnknownPolicyError
+from prefixcache.engine import hashing
 from prefixcache.errors import ConfigError
 
 PolicySpec = str | Mapping[str, Any] | EvictionPolicy
@@ -71,7 +71,7 @@ class AllocatorConfig:
         hash_algo: ``"xxh3_64"`` (default), ``"xxh3_128"`` or ``"sha256"``;
             or a hash function called as ``algo(tokens, block_size, *,
             parent, salt, extra_keys) -> list[int]`` like
-            :func:`prefixcache.hashing.compute_block_hashes` (tests inject a
+            :func:`prefixcache.engine.hashing.compute_block_hashes` (tests inject a
             deliberately weak one to force collisions). Its signature is
             checked here; what it returns is not.
         hash_salt: deployment-wide salt (model or weight version) mixed into

@@ -10,9 +10,9 @@ the package, so ``prefixcache compare`` alone is a complete demo::
     $ prefixcache compare
     $ prefixcache replay --trace trace.jsonl --policy lru --capacity 5000
 
-Both replay the no-concurrency model of :mod:`prefixcache.replay`;
+Both replay the no-concurrency model of :mod:`prefixcache.tools.replay`;
 ``compare --concurrency`` replays through the dynamic-batching loop of
-``prefixcache.sim`` instead.
+``prefixcache.serving.sim`` instead.
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import policies
-from prefixcache.cluster import add_cluster_arguments, cluster_main
+from prefixcache import policies
+from prefixcache.cluster.simulation import add_cluster_arguments, cluster_main
 from prefixcache.errors import InvalidArgumentError, PrefixCacheError
-from prefixcache.replay import (
+from prefixcache.tools.replay import (
     OPTIMUM_POLICY,
     ConcurrentReplayResult,
     ReplayResult,
     replay,
     replay_concurrent,
 )
-from prefixcache.trace import TraceRequest, load_mooncake_trace, sample_trace_path
+from prefixcache.serving.trace import TraceRequest, load_mooncake_trace, sample_trace_path
 
 __all__ = ["main"]
 
@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     many.add_argument(
         "--concurrency",
         action="store_true",
-        help="replay through the dynamic-batching loop of prefixcache.sim",
+        help="replay through the dynamic-batching loop of prefixcache.serving.sim",
     )
     add_cluster_arguments(many)
     many.set_defaults(handler=_run_compare)
@@ -169,7 +169,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     names = args.policies if args.policies is not None else tuple(policies.available())
     names = (*(name for name in names if name != OPTIMUM_POLICY), OPTIMUM_POLICY)
     if args.concurrency and not _has_sim():
-        print("prefixcache: error: concurrency mode needs prefixcache.sim", file=sys.stderr)
+        print("prefixcache: error: concurrency mode needs prefixcache.serving.sim", file=sys.stderr)
         return 1
     run = replay_concurrent if args.concurrency else replay
     path, requests = _load(args)
@@ -189,16 +189,16 @@ def _run_compare(args: argparse.Namespace) -> int:
 _MODES = {
     False: "one request at a time; hit rate = prompt blocks hit / prompt blocks",
     True: (
-        "with concurrency (prefixcache.sim); capacity = pool blocks; "
+        "with concurrency (prefixcache.serving.sim); capacity = pool blocks; "
         "hit rate = prompt tokens served from cache / prompt tokens"
     ),
 }
 
 
 def _has_sim() -> bool:
-    """Whether the optional dynamic-batching loop ``prefixcache.sim`` can be imported."""
+    """Whether the optional dynamic-batching loop ``prefixcache.serving.sim`` can be imported."""
     try:
-        importlib.import_module("prefixcache.sim")
+        importlib.import_module("prefixcache.serving.sim")
     except ImportError:
         return False
     return True

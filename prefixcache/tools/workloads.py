@@ -1,6 +1,6 @@
 """Seeded generators of Mooncake-format traces, for judging eviction policies off one trace.
 
-Each generator returns ``list[TraceRequest]`` (see :mod:`prefixcache.trace`):
+Each generator returns ``list[TraceRequest]`` (see :mod:`prefixcache.serving.trace`):
 arrivals in timestamp order (Poisson, ``mean_gap_ms`` apart), one hash ID per
 512-token block, a partial last block. Equal seeds give equal traces. Block
 IDs are fresh integers except where a family shares them on purpose, so two
@@ -30,7 +30,7 @@ from itertools import count
 from os import PathLike
 
 from prefixcache.errors import InvalidArgumentError
-from prefixcache.trace import TRACE_BLOCK_SIZE, TraceRequest
+from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest
 
 __all__ = [
     "documents_with_hot_prefixes",

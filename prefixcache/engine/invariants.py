@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from prefixcache.allocator import KVBlockAllocator
+    from prefixcache.engine.allocator import KVBlockAllocator
 
 
 def find_invariant_problems(allocator: KVBlockAllocator) -> list[str]:

@@ -4,7 +4,7 @@ This is the scheduler every engine writes, cut to what touches the KV cache, to 
 
 - **admit** waiting requests in arrival order while memory allows: longest-prefix
   match with ``match_prefix(..., acquire=True)``, allocate the rest of the prompt,
-  put the blocks in a :class:`~prefixcache.block_table.BlockTable` row;
+  put the blocks in a :class:`~prefixcache.serving.block_table.BlockTable` row;
 - **prefill** in chunks under a per-step token budget, registering each full
   block's hash once its KV is written, so later prompts can hit it;
 - **decode** one token per running request, taking a new block every
@@ -21,7 +21,7 @@ deterministic function of the prefix, so identical prompts decode identically.
 
 With ``verify=True`` each token's K and V are a deterministic function of the
 whole prefix up to it (derived from a running chained hash of the tokens),
-written into a :class:`~prefixcache.kv_cache.KVCache` at prefill and decode;
+written into a :class:`~prefixcache.serving.kv_cache.KVCache` at prefill and decode;
 on every prefix hit the matched blocks are gathered and compared with freshly
 computed values, and a mismatch raises :class:`~prefixcache.errors.InvariantError`.
 
@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from prefixcache.allocator import KVBlockAllocator
-from prefixcache.block_table import BlockTable
-from prefixcache.config import AllocatorConfig, PolicySpec
+from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.serving.block_table import BlockTable
+from prefixcache.engine.config import AllocatorConfig, PolicySpec
 from prefixcache.errors import (
     BudgetExceededError,
     CapacityError,
@@ -54,9 +54,9 @@ from prefixcache.errors import (
     InvalidArgumentError,
     InvariantError,
 )
-from prefixcache.hashing import compute_block_hashes
-from prefixcache.kv_cache import KVCache
-from prefixcache.trace import trace_block_hashes
+from prefixcache.engine.hashing import compute_block_hashes
+from prefixcache.serving.kv_cache import KVCache
+from prefixcache.serving.trace import trace_block_hashes
 
 VOCAB_SIZE = 1 << 15
 """Synthetic tokens (trace prompts, generated tokens) lie in ``[0, VOCAB_SIZE)``."""
@@ -158,7 +158,7 @@ class SimRequest:
 
         Trace IDs are small ints (0 included, a sentinel to the allocator).
         They are chained into allocator hashes with
-        :func:`~prefixcache.trace.trace_block_hashes`, so equal ID prefixes give
+        :func:`~prefixcache.serving.trace.trace_block_hashes`, so equal ID prefixes give
         equal hashes and nothing else does.
 
         Args:

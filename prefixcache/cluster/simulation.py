@@ -2,7 +2,7 @@
 
 A deployment runs N engine instances; a router picks one for every request.
 :func:`replay_cluster` models that with N workers, each a
-:class:`~prefixcache.sim.DynamicBatchingSim` (an allocator plus the reference
+:class:`~prefixcache.serving.sim.DynamicBatchingSim` (an allocator plus the reference
 dynamic-batching loop) holding ``total_capacity // N`` blocks, so runs with
 different N compare at a fixed total memory. All workers step in lockstep,
 one loop step per ``step_ms`` of trace time; a request is routed when it
@@ -25,9 +25,9 @@ events published over ZMQ, overlaps asked over HTTP) when it is installed.
 
 The module also holds the ``prefixcache compare --workers`` command
 (:func:`add_cluster_arguments`, :func:`cluster_main`), runnable on its own as
-``python -m prefixcache.cluster``.
+``python -m prefixcache.cluster.simulation``.
 
->>> from prefixcache.trace import TraceRequest
+>>> from prefixcache.serving.trace import TraceRequest
 >>> def request(i):  # three prompt families of 8 shared blocks, taken in turn
 ...     return TraceRequest(i * 100, 9 * 512, 4, (*range(100 * (i % 3), 100 * (i % 3) + 8), i))
 >>> trace = [request(i) for i in range(12)]
@@ -55,15 +55,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from prefixcache.errors import ConfigError, InvalidArgumentError, PrefixCacheError
-from prefixcache.events import (
+from prefixcache.engine.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVCacheEvent,
     wire_hash,
 )
-from prefixcache.sim import DynamicBatchingSim, SimConfig, SimRequest
-from prefixcache.trace import (
+from prefixcache.serving.sim import DynamicBatchingSim, SimConfig, SimRequest
+from prefixcache.serving.trace import (
     TRACE_BLOCK_SIZE,
     TraceRequest,
     load_mooncake_trace,
@@ -71,7 +71,7 @@ from prefixcache.trace import (
 )
 
 if TYPE_CHECKING:
-    from prefixcache.publisher import ZmqEventPublisher
+    from prefixcache.wire.publisher import ZmqEventPublisher
 
 __all__ = [
     "DEFAULT_TOTAL_CAPACITY",
@@ -405,9 +405,9 @@ def replay_cluster(
 ) -> ClusterResult:
     """Replay ``requests`` over ``num_workers`` simulated engines behind ``router``.
 
-    Each worker is a :class:`~prefixcache.sim.DynamicBatchingSim` with
+    Each worker is a :class:`~prefixcache.serving.sim.DynamicBatchingSim` with
     ``total_capacity // num_workers`` blocks of ``TRACE_BLOCK_SIZE`` tokens
-    and the knobs of :func:`~prefixcache.replay.replay_concurrent`. Requests
+    and the knobs of :func:`~prefixcache.tools.replay.replay_concurrent`. Requests
     are routed at their arrival step (``timestamp_ms // step_ms``); after
     every step each worker's KV cache events are drained into
     ``router.observe`` (when the allocator's queue overflowed, the router
@@ -657,7 +657,7 @@ def free_tcp_port() -> int:
 class DynamoPrefixIndex:
     """An :class:`OverlapIndex` backed by Dynamo's standalone indexer.
 
-    Every worker gets a :class:`~prefixcache.publisher.ZmqEventPublisher` on
+    Every worker gets a :class:`~prefixcache.wire.publisher.ZmqEventPublisher` on
     127.0.0.1 (with replay), registered with the indexer; :meth:`apply`
     publishes, :meth:`overlaps` asks ``POST /query``. Trace blocks carry no
     tokens, so stored events and queries use :func:`synthetic_block_tokens`.
@@ -674,7 +674,7 @@ class DynamoPrefixIndex:
     def __init__(
         self, client: DynamoIndexerClient, num_workers: int, settle_seconds: float = 0.002
     ) -> None:
-        from prefixcache.publisher import ZmqEventPublisher
+        from prefixcache.wire.publisher import ZmqEventPublisher
 
         self.client = client
         self.settle_seconds = settle_seconds
@@ -839,9 +839,9 @@ def format_table(results: Sequence[ClusterResult]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m prefixcache.cluster``: the cluster comparison on its own."""
+    """``python -m prefixcache.cluster.simulation``: the cluster comparison on its own."""
     parser = argparse.ArgumentParser(
-        prog="python -m prefixcache.cluster",
+        prog="python -m prefixcache.cluster.simulation",
         description="Replay a trace over N workers behind several routers.",
     )
     parser.add_argument("--trace", type=Path, default=None, help="default: the shipped sample")

@@ -6,7 +6,7 @@ order, no concurrency, prompt blocks only, ``TRACE_BLOCK_SIZE``-token blocks.
 For each request:
 
 1. ``match_prefix(hashes, acquire=True)``: the hit is the longest cached
-   prefix of its chained hashes (:func:`~prefixcache.trace.trace_block_hashes`);
+   prefix of its chained hashes (:func:`~prefixcache.serving.trace.trace_block_hashes`);
 2. ``allocate_memory_blocks`` for the rest and ``register_kv_block_hashes``
    for them, so every block of the request is now inserted or touched;
 3. ``release_memory_blocks`` on all of them: they become cached;
@@ -26,16 +26,16 @@ slot; taking all victims from the current leaves at once would not (Belady at
 
 For the offline optimum (``policy="belady"``) the replay knows the future: it
 lists for every hash the indices of the requests that use it and gives
-:class:`~policies.BeladyPolicy` a ``next_use(block_id)`` callable over that
+:class:`~prefixcache.policies.BeladyPolicy` a ``next_use(block_id)`` callable over that
 list and the block -> hash map of the blocks it registered.
 
 :func:`replay_concurrent` replays the same trace with real concurrency
-instead, through the dynamic-batching loop of :mod:`prefixcache.sim`:
+instead, through the dynamic-batching loop of :mod:`prefixcache.serving.sim`:
 requests arrive at their timestamps, hold their blocks while they prefill
 and decode, and the pool of ``capacity`` blocks holds running requests and
 the cache together.
 
->>> from prefixcache.trace import TraceRequest
+>>> from prefixcache.serving.trace import TraceRequest
 >>> a, b = TraceRequest(0, 1024, 1, (1, 2)), TraceRequest(5, 1536, 1, (1, 2, 3))
 >>> result = replay([a, b, a], capacity=8)
 >>> result.hit_blocks, result.prompt_blocks, result.tokens_saved
@@ -54,13 +54,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from prefixcache.allocator import KVBlockAllocator
-from prefixcache.config import PolicySpec
+from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.engine.config import PolicySpec
 from prefixcache.errors import CapacityError, InvalidArgumentError
-from prefixcache.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
+from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
 
 if TYPE_CHECKING:
-    from prefixcache.sim import DynamicBatchingSim
+    from prefixcache.serving.sim import DynamicBatchingSim
 
 __all__ = [
     "OPTIMUM_POLICY",
@@ -125,7 +125,7 @@ def replay(
     """Replay ``requests`` in order, one at a time, through an allocator with ``policy``.
 
     Args:
-        requests: the trace, e.g. from :func:`~prefixcache.trace.load_mooncake_trace`.
+        requests: the trace, e.g. from :func:`~prefixcache.serving.trace.load_mooncake_trace`.
         capacity: cached blocks kept after each request (>= 0).
         policy: a registered policy name; ``"belady"`` is the offline optimum.
         progress: show a progress bar on long runs (tqdm when installed,
@@ -289,7 +289,7 @@ def replay_concurrent(
     max_requests: int = 256,
     progress: bool = False,
 ) -> ConcurrentReplayResult:
-    """Replay ``requests`` with real concurrency through :mod:`prefixcache.sim`.
+    """Replay ``requests`` with real concurrency through :mod:`prefixcache.serving.sim`.
 
     Each request arrives at loop step ``timestamp_ms // step_ms``; a step
     computes up to ``step_token_budget`` tokens (one decode token per running
@@ -318,13 +318,13 @@ def replay_concurrent(
         A :class:`ConcurrentReplayResult`.
 
     Raises:
-        ImportError: :mod:`prefixcache.sim` is not available.
+        ImportError: :mod:`prefixcache.serving.sim` is not available.
         InvalidArgumentError: a bad argument (ConfigError: unknown policy).
         CapacityError: a request needs more blocks than the pool can give it.
 
     Complexity: O(total tokens / block size + steps * requests in flight).
     """
-    from prefixcache import sim as loop  # imported here: the loop is an optional module
+    from prefixcache.serving import sim as loop  # imported here: the loop is an optional module
 
     _check_capacity(capacity, minimum=1)
     _check_policy(policy)

@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from policies import EvictionPolicy, PredictsNextVictim
+from prefixcache.policies import EvictionPolicy, PredictsNextVictim
 from prefixcache.errors import InvariantError
-from prefixcache.journal import PolicyJournal
-from prefixcache.registry import ROOT, HashRegistry
+from prefixcache.engine.journal import PolicyJournal
+from prefixcache.engine.registry import ROOT, HashRegistry
 
 
 class EvictionPlanner:
@@ -21,7 +21,7 @@ class EvictionPlanner:
     the policy must hear of before it picks the next victim. The planner
     plays that dialogue against the registry as it would be after the
     removals, without touching it, and records every policy call in a
-    :class:`~prefixcache.journal.PolicyJournal`; the allocator then commits
+    :class:`~prefixcache.engine.journal.PolicyJournal`; the allocator then commits
     the plan (registry, counters, pool) or rolls the journal back.
 
     It reads the allocator's per-block arrays, which stay the same objects

@@ -50,8 +50,8 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from prefixcache.allocator import KVBlockAllocator
-    from prefixcache.publisher import ZmqEventPublisher
+    from prefixcache.engine.allocator import KVBlockAllocator
+    from prefixcache.wire.publisher import ZmqEventPublisher
 
 __all__ = ["COUNTERS", "PrometheusExporter", "collect"]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from prefixcache.errors import InvariantError
-from prefixcache.types import NO_HASH
+from prefixcache.engine.types import NO_HASH
 
 ROOT = -1
 """Parent value of a block whose hash starts a chain."""

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from prefixcache.block_ids import BlockIdsLike, to_block_ids, to_tensor
+from prefixcache.engine.block_ids import BlockIdsLike, to_block_ids, to_tensor
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
-from prefixcache.pool import resolve_device
+from prefixcache.engine.pool import resolve_device
 
 if TYPE_CHECKING:
-    from prefixcache.allocator import KVBlockAllocator
+    from prefixcache.engine.allocator import KVBlockAllocator
 
 
 def _require_int(name: str, value: object, minimum: int) -> int:

@@ -46,17 +46,17 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from prefixcache.errors import ConfigError, InvalidArgumentError
-from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 if TYPE_CHECKING:
-    from prefixcache.allocator import KVBlockAllocator
+    from prefixcache.engine.allocator import KVBlockAllocator
 
 try:
     import msgspec
     import zmq
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "prefixcache.publisher needs pyzmq and msgspec: pip install 'prefixcache[events]'"
+        "prefixcache.wire.publisher needs pyzmq and msgspec: pip install 'prefixcache[events]'"
     ) from exc
 
 __all__ = ["ENCODINGS", "END_SEQ", "ZmqEventPublisher", "encode_batch", "encode_event"]
@@ -74,7 +74,7 @@ def encode_event(event: KVCacheEvent, encoding: str = "vllm") -> dict[str, Any] 
     """One event as the plain structure msgpack writes (a tagged map or a tagged array).
 
     Args:
-        event: a :class:`~prefixcache.events.BlockStored`, ``BlockRemoved``
+        event: a :class:`~prefixcache.engine.events.BlockStored`, ``BlockRemoved``
             or ``AllBlocksCleared``.
         encoding: ``"vllm"`` or ``"legacy_array"``.
 
