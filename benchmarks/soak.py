@@ -43,8 +43,7 @@ if __package__ in (None, ""):  # run as a script from a checkout
 import numpy as np
 import torch
 
-from prefixcache import policies
-from prefixcache import BudgetExceededError, KVBlockAllocator, compute_block_hashes
+from prefixcache import BudgetExceededError, KVBlockAllocator, compute_block_hashes, policies
 
 DEFAULT_OPS = 10_000_000
 CHECK_EVERY = 10_000

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from sortedcontainers import SortedList
 
 
 class ARCPolicy:

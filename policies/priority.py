@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, UndoLog
+from sortedcontainers import SortedList
 
 _Expired = list[tuple[int, tuple[int, int | None]]]
 """Retention entries an expiry dropped, in order: (hash, (priority, expires_at))."""

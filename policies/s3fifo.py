@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from sortedcontainers import SortedList
 
 _MAX_FREQUENCY = 3  # S3-FIFO's two-bit counter
 

@@ -18,11 +18,15 @@ public API, importable from here.
 """
 
 from prefixcache import _moved
-
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.block_ids import BlockIdsLike
-from prefixcache.serving.block_table import BlockTable
 from prefixcache.engine.config import AllocatorConfig, build_policy
+from prefixcache.engine.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
+from prefixcache.engine.pool import BlockPool
+from prefixcache.engine.registry import HashRegistry
+from prefixcache.engine.routing import RoutingStore
+from prefixcache.engine.stats import AllocatorStats
+from prefixcache.engine.types import BlockHash, BlockId
 from prefixcache.errors import (
     BlockStateError,
     BudgetExceededError,
@@ -36,13 +40,8 @@ from prefixcache.errors import (
     PrefixCacheError,
     ReferenceCountError,
 )
-from prefixcache.engine.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
+from prefixcache.serving.block_table import BlockTable
 from prefixcache.serving.kv_cache import KVCache, blocks_for_memory_budget
-from prefixcache.engine.pool import BlockPool
-from prefixcache.engine.registry import HashRegistry
-from prefixcache.engine.routing import RoutingStore
-from prefixcache.engine.stats import AllocatorStats
-from prefixcache.engine.types import BlockHash, BlockId
 
 __version__ = "0.2.0"
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from prefixcache.policies import LRUPolicy
+
 from prefixcache import KVBlockAllocator, PrefixCacheError
 
 TOTAL_COUNT = 16

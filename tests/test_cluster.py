@@ -1,4 +1,4 @@
-"""prefixcache.cluster.simulation: routers, the in-process prefix index, the multi-worker replay, the CLI."""
+"""prefixcache.cluster: routers, the in-process prefix index, the multi-worker replay, the CLI."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from prefixcache.cluster.simulation import (
     make_router,
     replay_cluster,
 )
-from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
 from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
+from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
 from prefixcache.serving.trace import TraceRequest, sample_trace_path
 
 IDLE = [WorkerLoad(0, 0)] * 3

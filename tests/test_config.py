@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
-from prefixcache import policies
 from prefixcache.policies import EvictionPolicy, LRUPolicy, RefZeroPolicy
-from prefixcache import AllocatorConfig, ConfigError, KVBlockAllocator
+
+from prefixcache import AllocatorConfig, ConfigError, KVBlockAllocator, policies
 
 BASE = {"total_count": 16, "block_size_tokens": 4, "device": "cpu"}
 

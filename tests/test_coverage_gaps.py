@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from prefixcache.policies import LRUPolicy, RefZeroPolicy
+
 from prefixcache import (
     InvalidTensorError,
     InvariantError,

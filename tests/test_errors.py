@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-from prefixcache import policies
 from prefixcache import (
     AllocatorConfig,
     BlockStateError,
@@ -32,6 +31,7 @@ from prefixcache import (
     KVBlockAllocator,
     PrefixCacheError,
     ReferenceCountError,
+    policies,
 )
 
 DUMMY = 15

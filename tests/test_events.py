@@ -7,8 +7,14 @@ from collections.abc import Callable
 import pytest
 
 from prefixcache import KVBlockAllocator
+from prefixcache.engine.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventLog,
+    wire_hash,
+)
 from prefixcache.errors import ConfigError, HashConflictError, InvalidArgumentError
-from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventLog, wire_hash
 
 BLOCK = 4  # tokens a block, as the conftest allocator
 

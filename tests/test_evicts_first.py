@@ -8,9 +8,9 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prefixcache.policies import PredictsNextVictim
 
 from prefixcache import policies
-from prefixcache.policies import PredictsNextVictim
 
 PREDICTING = [
     name

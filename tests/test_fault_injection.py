@@ -37,10 +37,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from prefixcache import policies
 from prefixcache.policies import PredictsNextVictim
-from prefixcache import KVBlockAllocator, PrefixCacheError
+
+from prefixcache import KVBlockAllocator, PrefixCacheError, policies
 from prefixcache.engine import hashing
 from prefixcache.engine.pool import BlockPool
 

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
 from prefixcache.policies import LRUPolicy
+
 from prefixcache import AllocatorConfig, InvariantError, KVBlockAllocator, compute_block_hashes
 from prefixcache.engine.events import wire_hash
 from prefixcache.engine.invariants import find_invariant_problems

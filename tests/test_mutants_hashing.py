@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from prefixcache.engine import hashing
-from prefixcache.errors import InvalidArgumentError, InvalidTensorError
 from prefixcache.engine.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
+from prefixcache.errors import InvalidArgumentError, InvalidTensorError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_HASH = {"xxh3_64": 2**63 - 1, "xxh3_128": 2**128 - 1, "sha256": 2**256 - 1}

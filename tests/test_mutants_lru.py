@@ -9,7 +9,6 @@ class docstring promises.
 from __future__ import annotations
 
 import pytest
-
 from prefixcache.policies import LRUPolicy
 
 SLACK = 64

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
 from prefixcache.engine.pool import BlockPool, resolve_device
+from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
 
 
 def _digest(pool: BlockPool) -> tuple[int, list[int]]:

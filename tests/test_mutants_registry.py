@@ -1,4 +1,4 @@
-"""Tests of prefixcache.engine.registry.HashRegistry written to kill mutants that survived the suite.
+"""Tests of engine.registry.HashRegistry written to kill mutants that survived the suite.
 
 The allocator's tests query the registry with short hash lists, so the
 binary search in :meth:`HashRegistry.match` was never driven through long
@@ -13,8 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from prefixcache.errors import InvariantError
 from prefixcache.engine.registry import NONE, ROOT, HashRegistry
+from prefixcache.errors import InvariantError
 
 NUM_BLOCKS = 40
 

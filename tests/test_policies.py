@@ -14,8 +14,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from prefixcache import policies
 from prefixcache.policies import (
     LFUPolicy,
     PriorityPolicy,
@@ -24,6 +22,8 @@ from prefixcache.policies import (
     SLRUPolicy,
     SupportsRetention,
 )
+
+from prefixcache import policies
 
 TRACKING_POLICIES = [name for name in policies.available() if name not in {"belady", "ref_zero"}]
 

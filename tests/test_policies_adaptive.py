@@ -8,7 +8,6 @@ one different.
 from __future__ import annotations
 
 import pytest
-
 from prefixcache.policies import ARCPolicy, HazardPolicy
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from prefixcache.policies import ProtectedLRUPolicy
+
 from prefixcache import KVBlockAllocator
-from prefixcache.tools.replay import replay
 from prefixcache.serving.trace import TraceRequest
+from prefixcache.tools.replay import replay
 
 
 def insert(policy, block_id: int, last_access: int, num_accesses: int = 1, block_hash=None) -> None:

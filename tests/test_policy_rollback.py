@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from sortedcontainers import SortedList
-
-from prefixcache import policies
 from prefixcache.policies import ObservesRollbacks
 from prefixcache.policies.undo import LinkedMap, UndoLog
-from prefixcache import KVBlockAllocator
+from sortedcontainers import SortedList
+
+from prefixcache import KVBlockAllocator, policies
 
 NAMES = [
     "lru",

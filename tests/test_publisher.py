@@ -10,8 +10,8 @@ zmq = pytest.importorskip("zmq")
 msgspec = pytest.importorskip("msgspec")
 
 from prefixcache import KVBlockAllocator  # noqa: E402
-from prefixcache.errors import ConfigError, InvalidArgumentError  # noqa: E402
 from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
+from prefixcache.errors import ConfigError, InvalidArgumentError  # noqa: E402
 from prefixcache.wire.publisher import END_SEQ, ZmqEventPublisher, encode_batch  # noqa: E402
 
 LOOPBACK = "tcp://127.0.0.1:0"

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 from prefixcache.policies import LRUPolicy, ObservesRegistrations
+
 from prefixcache import KVBlockAllocator, compute_block_hashes
 
 BLOCK_SIZE = 2

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from prefixcache.engine import registry as registry_module
-from prefixcache.errors import InvariantError
 from prefixcache.engine.registry import NONE, ROOT, HashRegistry
+from prefixcache.errors import InvariantError
 
 
 def _state(registry: HashRegistry) -> dict[str, object]:

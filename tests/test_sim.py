@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from prefixcache import policies
-from prefixcache import CapacityError, ConfigError, InvalidArgumentError, InvariantError
+from prefixcache import CapacityError, ConfigError, InvalidArgumentError, InvariantError, policies
 from prefixcache.serving.kv_cache import KVCache
 from prefixcache.serving.sim import (
     DynamicBatchingSim,

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from prefixcache import policies
 from prefixcache import (
     BudgetExceededError,
     KVBlockAllocator,
     PrefixCacheError,
     ReferenceCountError,
+    policies,
 )
 from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
 

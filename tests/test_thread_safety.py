@@ -19,12 +19,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from prefixcache import policies
 from prefixcache import (
     BudgetExceededError,
     ConfigError,
     KVBlockAllocator,
     compute_block_hashes,
+    policies,
 )
 from prefixcache.engine.locked import ThreadSafeAllocator
 

@@ -19,19 +19,19 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prefixcache.policies import BeladyPolicy, EvictionPolicy
 from sortedcontainers import SortedList
 
 from prefixcache import policies
-from prefixcache.policies import BeladyPolicy, EvictionPolicy
-from prefixcache.tools.cli import main
 from prefixcache.errors import ConfigError, InvalidArgumentError
-from prefixcache.tools.replay import replay, replay_concurrent
 from prefixcache.serving.trace import (
     TraceRequest,
     load_mooncake_trace,
     sample_trace_path,
     trace_block_hashes,
 )
+from prefixcache.tools.cli import main
+from prefixcache.tools.replay import replay, replay_concurrent
 
 TINY_TRACE = [
     TraceRequest(0, 1100, 1, (1, 2, 3)),

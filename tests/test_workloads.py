@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from prefixcache.tools import workloads
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.serving.trace import TRACE_BLOCK_SIZE, load_mooncake_trace
+from prefixcache.tools import workloads
 
 GENERATORS = [
     workloads.shared_system_prompts,

@@ -54,7 +54,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from prefixcache.errors import ConfigError, InvalidArgumentError, PrefixCacheError
 from prefixcache.engine.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -62,6 +61,7 @@ from prefixcache.engine.events import (
     KVCacheEvent,
     wire_hash,
 )
+from prefixcache.errors import ConfigError, InvalidArgumentError, PrefixCacheError
 from prefixcache.serving.sim import DynamicBatchingSim, SimConfig, SimRequest
 from prefixcache.serving.trace import (
     TRACE_BLOCK_SIZE,

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from prefixcache.policies import EvictionPolicy, ObservesRegistrations, SupportsRetention
 from prefixcache.engine import hashing
 from prefixcache.engine.block_ids import (
     EMPTY_IDS,
@@ -19,6 +18,15 @@ from prefixcache.engine.block_ids import (
     to_tensor,
 )
 from prefixcache.engine.config import AllocatorConfig, build_policy
+from prefixcache.engine.events import BlockStored, KVCacheEvent, KVEventLog
+from prefixcache.engine.eviction import EvictionPlanner
+from prefixcache.engine.invariants import find_invariant_problems
+from prefixcache.engine.journal import PolicyJournal
+from prefixcache.engine.pool import BlockPool
+from prefixcache.engine.registry import ROOT, HashRegistry
+from prefixcache.engine.routing import RoutingStore
+from prefixcache.engine.stats import AllocatorStats
+from prefixcache.engine.types import NO_HASH
 from prefixcache.errors import (
     BlockStateError,
     BudgetExceededError,
@@ -29,15 +37,7 @@ from prefixcache.errors import (
     InvariantError,
     ReferenceCountError,
 )
-from prefixcache.engine.events import BlockStored, KVCacheEvent, KVEventLog
-from prefixcache.engine.eviction import EvictionPlanner
-from prefixcache.engine.invariants import find_invariant_problems
-from prefixcache.engine.journal import PolicyJournal
-from prefixcache.engine.pool import BlockPool
-from prefixcache.engine.registry import ROOT, HashRegistry
-from prefixcache.engine.routing import RoutingStore
-from prefixcache.engine.stats import AllocatorStats
-from prefixcache.engine.types import NO_HASH
+from prefixcache.policies import EvictionPolicy, ObservesRegistrations, SupportsRetention
 
 _SENTINEL_HASHES = (0, -1)
 

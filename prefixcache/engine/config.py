@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixcache import policies
-from prefixcache.policies import EvictionPolicy, UnknownPolicyError
 from prefixcache.engine import hashing
 from prefixcache.errors import ConfigError
+from prefixcache.policies import EvictionPolicy, UnknownPolicyError
 
 PolicySpec = str | Mapping[str, Any] | EvictionPolicy
 """A policy name, ``{"name": ..., **kwargs}``, or a ready policy object."""

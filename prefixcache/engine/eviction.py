@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from prefixcache.policies import EvictionPolicy, PredictsNextVictim
-from prefixcache.errors import InvariantError
 from prefixcache.engine.journal import PolicyJournal
 from prefixcache.engine.registry import ROOT, HashRegistry
+from prefixcache.errors import InvariantError
+from prefixcache.policies import EvictionPolicy, PredictsNextVictim
 
 
 class EvictionPlanner:

@@ -34,9 +34,9 @@ import torch
 
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.block_ids import BlockIdsLike
-from prefixcache.errors import ConfigError
 from prefixcache.engine.events import BlockStored, KVCacheEvent
 from prefixcache.engine.stats import AllocatorStats
+from prefixcache.errors import ConfigError
 
 
 class ThreadSafeAllocator:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from prefixcache.errors import InvariantError
 from prefixcache.engine.types import NO_HASH
+from prefixcache.errors import InvariantError
 
 ROOT = -1
 """Parent value of a block whose hash starts a chain."""

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from prefixcache.engine.block_ids import BlockIdsLike, to_block_ids, to_tensor
-from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
 from prefixcache.engine.pool import resolve_device
+from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from prefixcache.engine.allocator import KVBlockAllocator

@@ -9,13 +9,13 @@ import numpy as np
 import torch
 
 from prefixcache.engine.block_ids import to_int_array
+from prefixcache.engine.pool import resolve_device
 from prefixcache.errors import (
     CapacityError,
     ConfigError,
     InvalidArgumentError,
     InvalidTensorError,
 )
-from prefixcache.engine.pool import resolve_device
 
 IndexLike = torch.Tensor | np.ndarray | Sequence[int]
 """Block IDs or in-block offsets: host ints, or an integer tensor already on the cache's device."""

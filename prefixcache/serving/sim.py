@@ -45,8 +45,8 @@ import numpy as np
 import torch
 
 from prefixcache.engine.allocator import KVBlockAllocator
-from prefixcache.serving.block_table import BlockTable
 from prefixcache.engine.config import AllocatorConfig, PolicySpec
+from prefixcache.engine.hashing import compute_block_hashes
 from prefixcache.errors import (
     BudgetExceededError,
     CapacityError,
@@ -54,7 +54,7 @@ from prefixcache.errors import (
     InvalidArgumentError,
     InvariantError,
 )
-from prefixcache.engine.hashing import compute_block_hashes
+from prefixcache.serving.block_table import BlockTable
 from prefixcache.serving.kv_cache import KVCache
 from prefixcache.serving.trace import trace_block_hashes
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from prefixcache import policies
 from prefixcache.cluster.simulation import add_cluster_arguments, cluster_main
 from prefixcache.errors import InvalidArgumentError, PrefixCacheError
+from prefixcache.serving.trace import TraceRequest, load_mooncake_trace, sample_trace_path
 from prefixcache.tools.replay import (
     OPTIMUM_POLICY,
     ConcurrentReplayResult,
@@ -33,7 +34,6 @@ from prefixcache.tools.replay import (
     replay,
     replay_concurrent,
 )
-from prefixcache.serving.trace import TraceRequest, load_mooncake_trace, sample_trace_path
 
 __all__ = ["main"]
 

@@ -45,8 +45,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from prefixcache.errors import ConfigError, InvalidArgumentError
 from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from prefixcache.errors import ConfigError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from prefixcache.engine.allocator import KVBlockAllocator
