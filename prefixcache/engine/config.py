@@ -53,6 +53,9 @@ def _check_hash_algo(algo: object) -> None:
         raise ConfigError(f"hash_algo {algo!r} cannot be called as {call}: {exc}") from exc
 
 
+ENGINE_NAMES = ("auto", "python", "native")
+
+
 @dataclass(frozen=True)
 class AllocatorConfig:
     """Everything a :class:`~prefixcache.KVBlockAllocator` is built from.
@@ -88,6 +91,11 @@ class AllocatorConfig:
             registered block and check it on every match, so a hash
             collision (accidental or crafted) can never share a block.
             Registration and matching then require ``fingerprints``.
+        engine: ``"auto"`` (default) runs the native engine when it is built
+            and supports the policy, else the Python engine; ``"python"``
+            forces the reference engine, ``"native"`` requires the native one.
+            The environment variable ``PREFIXCACHE_ENGINE`` overrides
+            ``"auto"``. See DESIGN.md, "The engine seam".
 
     Raises:
         ConfigError: a count of the wrong type or out of range, a non-bool
@@ -109,6 +117,7 @@ class AllocatorConfig:
     kv_events_capacity: int = 0
     kv_events_medium: str | None = "GPU"
     verify_prefix_hits: bool = False
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
         _require_int("total_count", self.total_count, 2)
@@ -127,6 +136,8 @@ class AllocatorConfig:
             raise ConfigError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
             )
+        if self.engine not in ENGINE_NAMES:
+            raise ConfigError(f"engine must be one of {ENGINE_NAMES}, got {self.engine!r}")
         if (self.routing_num_layers is None) != (self.routing_top_k is None):
             raise ConfigError("routing_num_layers and routing_top_k must be set together")
         for name in ("routing_num_layers", "routing_top_k", "routing_num_experts"):
