@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from prefixcache import policies
-from prefixcache.cluster.simulation import add_cluster_arguments, cluster_main
+from prefixcache.cluster import add_cluster_arguments, cluster_main
 from prefixcache.errors import InvalidArgumentError, PrefixCacheError
 from prefixcache.serving.trace import TraceRequest, load_mooncake_trace, sample_trace_path
 from prefixcache.tools.replay import (

@@ -26,7 +26,7 @@ pytest.importorskip("msgspec")
 pytest.importorskip("dynamo.indexer")
 
 from prefixcache import KVBlockAllocator
-from prefixcache.cluster.simulation import (
+from prefixcache.cluster import (
     DynamoIndexerClient,
     free_tcp_port,
     start_dynamo_indexer,

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from prefixcache.cluster.simulation import (
+from prefixcache.cluster import (
     LeastLoadedRouter,
     PrefixAwareRouter,
     PrefixIndex,

@@ -1,0 +1,121 @@
+"""One check for "an int, not a bool", used by every layer.
+
+Python's ``bool`` is an ``int``, so ``isinstance(value, int)`` lets
+``True`` through as a block count; numpy integers are not ``int``, so the
+same test refuses ``np.int64(3)`` that comes straight out of an array. The
+library's rule, written once here: an int is a Python ``int`` or a numpy
+integer, never a bool (Python's or numpy's), and within signed 64 bits, the
+width of every ID, count and hash the engine stores. :func:`require_int`
+returns it as a Python ``int``, so a numpy scalar never leaks into a counter.
+
+>>> import numpy as np
+>>> require_int(np.int32(3), "num_blocks", minimum=0)
+3
+>>> require_int(True, "num_blocks")
+Traceback (most recent call last):
+    ...
+prefixcache.errors.InvalidArgumentError: num_blocks must be an int, got True
+>>> require_flag(1, "verify")
+Traceback (most recent call last):
+    ...
+prefixcache.errors.InvalidArgumentError: verify must be a bool, got 1
+"""
+
+from __future__ import annotations
+
+from typing import TypeGuard
+
+import numpy as np
+
+from prefixcache.errors import InvalidArgumentError
+
+__all__ = ["INT64_MAX", "INT64_MIN", "is_int", "require_flag", "require_int"]
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+
+def is_int(value: object) -> TypeGuard[int | np.integer]:
+    """Whether ``value`` is an int by the library's rule (see the module docstring).
+
+    For callers that answer a bad value with something other than an error
+    (a predicate that returns False), or that keep an error message a test pins.
+
+    >>> is_int(3), is_int(np.uint8(3)), is_int(False), is_int(3.0), is_int(1 << 63)
+    (True, True, False, False, False)
+
+    Complexity: O(1).
+    """
+    if type(value) is int:  # the common case first: one type test
+        return INT64_MIN <= value <= INT64_MAX
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        return False
+    return INT64_MIN <= int(value) <= INT64_MAX
+
+
+def require_int(
+    value: object,
+    name: str,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    error: type[InvalidArgumentError] = InvalidArgumentError,
+) -> int:
+    """``value`` as a Python int, or an error naming ``name`` and the bounds.
+
+    Args:
+        value: the argument to check.
+        name: the argument's name, for the message.
+        minimum: smallest accepted value (inclusive), if any.
+        maximum: largest accepted value (inclusive), if any.
+        error: the exception type to raise, :class:`~prefixcache.errors.InvalidArgumentError`
+            or a subclass (``ConfigError`` for configuration values).
+
+    Returns:
+        ``int(value)``.
+
+    Raises:
+        InvalidArgumentError: (or ``error``) ``value`` is a bool, not an
+            integer, outside signed 64 bits, or outside ``[minimum, maximum]``.
+
+    >>> require_int(5, "step_ms", minimum=1, maximum=4)
+    Traceback (most recent call last):
+        ...
+    prefixcache.errors.InvalidArgumentError: step_ms must be an int in [1, 4], got 5
+
+    Complexity: O(1).
+    """
+    if not is_int(value):
+        raise error(f"{name} must be {_expected(minimum, maximum)}, got {value!r}")
+    number = int(value)
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise error(f"{name} must be {_expected(minimum, maximum)}, got {value!r}")
+    return number
+
+
+def require_flag(
+    value: object, name: str, *, error: type[InvalidArgumentError] = InvalidArgumentError
+) -> bool:
+    """``value`` if it is a bool (Python's or numpy's), else an error naming ``name``.
+
+    ``1`` and ``"yes"`` are refused: a flag that takes any truthy value hides
+    an argument passed in the wrong position.
+
+    Raises:
+        InvalidArgumentError: (or ``error``) ``value`` is not a bool.
+
+    Complexity: O(1).
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise error(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def _expected(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"an int in [{minimum}, {maximum}]"
+    if minimum is not None:
+        return f"an int >= {minimum}"
+    if maximum is not None:
+        return f"an int <= {maximum}"
+    return "an int"
