@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from prefixcache.engine.validation import is_int
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
 
 
@@ -55,10 +56,11 @@ class BlockPool:
     """
 
     def __init__(self, total_count: int, device: str | torch.device | None = None) -> None:
-        if isinstance(total_count, bool) or not isinstance(total_count, int) or total_count < 2:
+        if not is_int(total_count) or total_count < 2:
             raise ConfigError(
                 f"total_count must be an int >= 2 (one is the dummy), got {total_count!r}"
             )
+        total_count = int(total_count)
         self.total_count = total_count
         self.num_usable = total_count - 1
         self.dummy_block_id = total_count - 1
@@ -108,7 +110,7 @@ class BlockPool:
         """
         count = num_blocks
         if type(count) is not int:  # the allocator passes ints: one type test on its path
-            if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+            if not is_int(count):
                 raise InvalidArgumentError(f"num_blocks must be an int, got {type(count).__name__}")
             count = int(count)  # a numpy count would make num_free a numpy int
         if count < 0:
@@ -117,7 +119,8 @@ class BlockPool:
             raise CapacityError(f"asked for {count} blocks, {self.num_free} free")
         top = self.num_free
         self.num_free = top - count
-        return self._stack[top - count : top][::-1].copy()
+        taken: np.ndarray = self._stack[top - count : top][::-1].copy()
+        return taken
 
     def release(self, block_ids: np.ndarray) -> None:
         """Push ``block_ids``; the IDs are unchecked (see the class docstring).
@@ -143,7 +146,8 @@ class BlockPool:
 
     def free_ids(self) -> np.ndarray:
         """A copy of the free IDs, bottom of the stack first. Complexity: O(num_free)."""
-        return self._stack[: self.num_free].copy()
+        free: np.ndarray = self._stack[: self.num_free].copy()
+        return free
 
     @property
     def device_free_ids(self) -> torch.Tensor | None:

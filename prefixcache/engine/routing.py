@@ -84,7 +84,8 @@ class RoutingStore:
         """A copy of the block's routing, or None unless every position was written."""
         if not self._written[block_id].all():
             return None
-        return self._data[block_id].copy()
+        routing: np.ndarray = self._data[block_id].copy()
+        return routing
 
     def reconstruct(self, block_ids: np.ndarray, total_tokens: int) -> np.ndarray | None:
         """Routing of the first ``total_tokens`` tokens held by ``block_ids``, in order.
@@ -94,7 +95,8 @@ class RoutingStore:
         rows = self._data[block_ids].reshape(-1, self.num_layers, self.top_k)[:total_tokens]
         if not self._written[block_ids].reshape(-1)[:total_tokens].all():
             return None
-        return rows.copy()
+        routing: np.ndarray = rows.copy()
+        return routing
 
     def clear(self, block_ids: np.ndarray) -> None:
         """Forget the routing of ``block_ids`` (evicted or handed out fresh). Vectorised."""

@@ -192,7 +192,7 @@ class ZmqEventPublisher:
         self.buffer_size = buffer_size
         self._topic_bytes = topic.encode("utf-8")
         self._clock = clock
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = self._context.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.set_hwm(send_high_water_mark)
