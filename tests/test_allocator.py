@@ -895,6 +895,6 @@ def test_check_invariants_detects_corruption(allocator: KVBlockAllocator) -> Non
     """Proves check_invariants is no no-op: break one private counter and it complains."""
     allocator.allocate_memory_blocks(2)
     allocator.check_invariants()
-    allocator._num_active += 1
+    allocator._engine.ledger.num_active += 1
     with pytest.raises(InvariantError, match="active"):
         allocator.check_invariants()

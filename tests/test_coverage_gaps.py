@@ -51,14 +51,14 @@ def with_cached_chain(policy: str = "lru") -> tuple[KVBlockAllocator, list[int]]
 
 def test_check_invariants_reports_a_negative_count() -> None:
     allocator, _ = with_cached_chain()
-    allocator._active_refs[5] = -1
+    allocator._engine.refs.active[5] = -1
     with pytest.raises(InvariantError, match="negative"):
         allocator.check_invariants()
 
 
 def test_check_invariants_reports_a_referenced_dummy_block() -> None:
     allocator, _ = with_cached_chain()
-    allocator._paused_refs[allocator.dummy_block_id] = 1
+    allocator._engine.refs.paused[allocator.dummy_block_id] = 1
     with pytest.raises(InvariantError, match="dummy block 9"):
         allocator.check_invariants()
 
@@ -82,7 +82,7 @@ def test_check_invariants_reports_a_held_block_on_the_free_stack() -> None:
 
 def test_check_invariants_reports_a_wrong_counter() -> None:
     allocator, _ = with_cached_chain()
-    allocator._num_cached += 1
+    allocator._engine.ledger.num_cached += 1
     with pytest.raises(InvariantError, match="cached counter 3 but 2 cached blocks"):
         allocator.check_invariants()
 
@@ -101,8 +101,8 @@ def test_check_invariants_reports_cached_blocks_under_ref_zero() -> None:
     allocator = make("ref_zero")
     block = allocator.allocate_memory_blocks(1)
     allocator.register_kv_block_hashes(block, [21])
-    allocator._active_refs[int(block[0])] = 0  # unreferenced but still registered
-    allocator._num_active, allocator._num_cached = 0, 1
+    allocator._engine.refs.active[int(block[0])] = 0  # unreferenced but still registered
+    allocator._engine.ledger.num_active, allocator._engine.ledger.num_cached = 0, 1
     with pytest.raises(InvariantError, match="keeps nothing but 1 blocks are cached"):
         allocator.check_invariants()
 
@@ -110,7 +110,7 @@ def test_check_invariants_reports_cached_blocks_under_ref_zero() -> None:
 def test_check_invariants_reports_releases_queued_outside_a_group() -> None:
     allocator = make()
     block = int(allocator.allocate_memory_blocks(1)[0])
-    allocator._pending_releases[block] = 1
+    allocator._engine.refs.pending[block] = 1
     with pytest.raises(InvariantError, match="queued outside a free group"):
         allocator.check_invariants()
 

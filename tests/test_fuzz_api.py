@@ -201,10 +201,10 @@ def allocator_digest(allocator: KVBlockAllocator) -> tuple[Any, ...]:
     return (
         allocator.stats(),
         allocator.pool.free_ids().tolist(),
-        allocator._active_refs.tolist(),
-        allocator._paused_refs.tolist(),
-        allocator._last_access.tolist(),
-        allocator._num_accesses.tolist(),
+        allocator._engine.refs.active.tolist(),
+        allocator._engine.refs.paused.tolist(),
+        allocator._engine.refs.last_access.tolist(),
+        allocator._engine.refs.num_accesses.tolist(),
         sorted(registry.items()),
         registry.parent_of.tolist(),
         registry.num_children.tolist(),
@@ -213,8 +213,8 @@ def allocator_digest(allocator: KVBlockAllocator) -> tuple[Any, ...]:
         allocator.routing._written.tolist() if allocator.routing is not None else None,
         allocator.routing._data.tobytes() if allocator.routing is not None else None,
         list(allocator._fingerprint_of_block),
-        allocator._pending_releases.tolist(),
-        [chunk.tolist() for chunk in allocator._pending_chunks],
+        allocator._engine.refs.pending.tolist(),
+        [chunk.tolist() for chunk in allocator._engine.refs._pending_chunks],
         None if events is None else list(events._queue),
     )
 

@@ -1032,10 +1032,10 @@ def test_releasing_an_unhashed_block_keeps_the_routing_of_others(registered: boo
 
 def test_check_invariants_joins_the_first_five_problems() -> None:
     allocator = _make(LRUPolicy())
-    allocator._num_active, allocator._num_paused, allocator._num_cached = 3, 2, 4
-    allocator._active_refs[2] = -1
-    allocator._pending_releases[1] = 1
-    problems = find_invariant_problems(allocator)
+    allocator._engine.ledger.num_active, allocator._engine.ledger.num_paused, allocator._engine.ledger.num_cached = 3, 2, 4
+    allocator._engine.refs.active[2] = -1
+    allocator._engine.refs.pending[1] = 1
+    problems = find_invariant_problems(allocator._engine)
     assert len(problems) > 5
     with pytest.raises(InvariantError) as info:
         allocator.check_invariants()

@@ -1,4 +1,4 @@
-"""The invariants of DESIGN.md, checked against an allocator's whole state."""
+"""The invariants of DESIGN.md, checked against an engine's whole state."""
 
 from __future__ import annotations
 
@@ -7,33 +7,33 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from prefixcache.engine.allocator import KVBlockAllocator
+    from prefixcache.engine.python_engine import PythonEngine
 
 
-def find_invariant_problems(allocator: KVBlockAllocator) -> list[str]:
-    """Every broken invariant of ``allocator``, described; empty when all hold.
+def find_invariant_problems(engine: PythonEngine) -> list[str]:
+    """Every broken invariant of ``engine``, described; empty when all hold.
 
-    Reads the allocator's private per-block arrays on purpose: the point is
+    Reads the engine's private per-block arrays on purpose: the point is
     to cross-check its counters and the policy against the state itself.
     Backs :meth:`KVBlockAllocator.check_invariants`.
 
     Complexity: O(total_count).
     """
     problems: list[str] = []
-    usable = slice(0, allocator.num_usable)
-    active_refs, paused_refs = allocator._active_refs[usable], allocator._paused_refs[usable]
-    registered = allocator.registry.is_registered[usable]
+    usable = slice(0, engine.num_usable)
+    active_refs, paused_refs = engine.refs.active[usable], engine.refs.paused[usable]
+    registered = engine.registry.is_registered[usable]
     if (active_refs < 0).any() or (paused_refs < 0).any():
         problems.append("a reference count is negative")
-    dummy = allocator.dummy_block_id
+    dummy = engine.num_usable
     if (
-        allocator._active_refs[dummy]
-        or allocator._paused_refs[dummy]
-        or allocator.registry.is_registered[dummy]
+        engine.refs.active[dummy]
+        or engine.refs.paused[dummy]
+        or engine.registry.is_registered[dummy]
     ):
         problems.append(f"dummy block {dummy} is referenced or registered")
-    free_ids = allocator.pool.free_ids()
-    on_stack = np.zeros(allocator.num_usable, dtype=bool)
+    free_ids = engine.pool.free_ids()
+    on_stack = np.zeros(engine.num_usable, dtype=bool)
     on_stack[free_ids] = True
     if len(np.unique(free_ids)) != len(free_ids):
         problems.append("a block is on the free stack twice")
@@ -46,28 +46,36 @@ def find_invariant_problems(allocator: KVBlockAllocator) -> list[str]:
         bad = int(np.flatnonzero(on_stack != is_free)[0])
         problems.append(f"block {bad}: on free stack={on_stack[bad]} but free={is_free[bad]}")
     for name, mask, counter in (
-        ("active", is_active, allocator._num_active),
-        ("paused", is_paused, allocator._num_paused),
-        ("cached", is_cached, allocator._num_cached),
+        ("active", is_active, engine.ledger.num_active),
+        ("paused", is_paused, engine.ledger.num_paused),
+        ("cached", is_cached, engine.ledger.num_cached),
     ):
         if int(mask.sum()) != counter:
             problems.append(f"{name} counter {counter} but {int(mask.sum())} {name} blocks")
-    total = len(free_ids) + allocator._num_active + allocator._num_paused + allocator._num_cached
-    if total != allocator.num_usable:
-        problems.append(f"free+active+paused+cached = {total}, usable = {allocator.num_usable}")
-    problems.extend(allocator.registry.check())
-    leaves = np.flatnonzero(is_cached & (allocator.registry.num_children[usable] == 0))
-    if not allocator.policy.retains_unreferenced:
-        if allocator._num_cached:
-            problems.append(f"policy keeps nothing but {allocator._num_cached} blocks are cached")
-    else:
-        if len(allocator.policy) != len(leaves):
+    total = (
+        len(free_ids)
+        + engine.ledger.num_active
+        + engine.ledger.num_paused
+        + engine.ledger.num_cached
+    )
+    if total != engine.num_usable:
+        problems.append(f"free+active+paused+cached = {total}, usable = {engine.num_usable}")
+    problems.extend(engine.ledger.check())
+    problems.extend(engine.registry.check())
+    leaves = np.flatnonzero(is_cached & (engine.registry.num_children[usable] == 0))
+    if not engine.retains_unreferenced:
+        if engine.ledger.num_cached:
             problems.append(
-                f"policy tracks {len(allocator.policy)} blocks, {len(leaves)} cached leaves"
+                f"policy keeps nothing but {engine.ledger.num_cached} blocks are cached"
             )
-        untracked = [int(b) for b in leaves if int(b) not in allocator.policy]
+    else:
+        if len(engine.policy) != len(leaves):
+            problems.append(
+                f"policy tracks {len(engine.policy)} blocks, {len(leaves)} cached leaves"
+            )
+        untracked = [int(b) for b in leaves if int(b) not in engine.policy]
         if untracked:
             problems.append(f"cached leaf {untracked[0]} is not tracked by the policy")
-    if allocator._pending_releases.any() and not allocator._group_depth:
+    if engine.refs.pending.any() and not engine.refs.group_depth:
         problems.append("releases are queued outside a free group")
     return problems

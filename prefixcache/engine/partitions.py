@@ -1,0 +1,88 @@
+"""PartitionLedger: how many blocks are active, paused and cached, and the budgets."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prefixcache.errors import BudgetExceededError
+
+
+class PartitionLedger:
+    """O(1) counts of the blocks in each referenced or cached state, with the budgets.
+
+    A block is *active* while it holds an active reference, *paused* while it
+    holds paused references only, *cached* while unreferenced but registered.
+    The paused partition may hold at most ``paused_count`` blocks and the
+    active one at most ``active_count`` when :meth:`plan_move` moves
+    references between them; allocation is bounded by the whole pool, as in
+    Megatron-core. Its own invariants (``check``): no count is negative and
+    neither budget is exceeded by a move.
+
+    Args:
+        num_usable: usable blocks (the dummy excluded).
+        paused_count: budget of the paused partition.
+    """
+
+    __slots__ = ("active_count", "num_active", "num_cached", "num_paused", "paused_count")
+
+    def __init__(self, num_usable: int, paused_count: int) -> None:
+        self.paused_count = paused_count
+        self.active_count = num_usable - paused_count
+        self.num_active = 0
+        self.num_paused = 0
+        self.num_cached = 0
+
+    def plan_move(
+        self, active: np.ndarray, paused: np.ndarray, delta: int | np.ndarray, *, to_paused: bool
+    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """The counts and partition totals after moving ``delta`` references per block.
+
+        ``active`` and ``paused`` are the blocks' counts before the move.
+        Changes nothing.
+
+        Returns:
+            ``(active after, paused after, active total, paused total)``.
+
+        Raises:
+            BudgetExceededError: the move adds blocks to a partition beyond its
+                budget (a move that adds no block to the target never overflows it).
+        """
+        num_active = int(np.count_nonzero(active))
+        num_paused = int(np.count_nonzero((active == 0) & (paused > 0)))
+        after_active = active - delta if to_paused else active + delta
+        after_paused = paused + delta if to_paused else paused - delta
+        new_active = int(np.count_nonzero(after_active))
+        new_paused = int(np.count_nonzero((after_active == 0) & (after_paused > 0)))
+        total_active = self.num_active + new_active - num_active
+        total_paused = self.num_paused + new_paused - num_paused
+        if to_paused and new_paused > num_paused and total_paused > self.paused_count:
+            raise BudgetExceededError(
+                f"pausing would hold {total_paused} paused blocks; budget is {self.paused_count}"
+            )
+        if not to_paused and new_active > num_active and total_active > self.active_count:
+            raise BudgetExceededError(
+                f"resuming would hold {total_active} active blocks; budget is {self.active_count}"
+            )
+        return after_active, after_paused, total_active, total_paused
+
+    @property
+    def active_avail(self) -> int:
+        """Room left in the active budget (never negative)."""
+        return max(0, self.active_count - self.num_active)
+
+    @property
+    def paused_avail(self) -> int:
+        """Room left in the paused budget (never negative)."""
+        return max(0, self.paused_count - self.num_paused)
+
+    def clear(self) -> None:
+        """Every count zero (engine reset)."""
+        self.num_active = self.num_paused = self.num_cached = 0
+
+    def check(self) -> list[str]:
+        """The ledger's own invariants, described; empty when all hold."""
+        problems = []
+        for name in ("num_active", "num_paused", "num_cached"):
+            if getattr(self, name) < 0:
+                problems.append(f"partition ledger: {name} is negative ({getattr(self, name)})")
+        return problems

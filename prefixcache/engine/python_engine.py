@@ -1,0 +1,550 @@
+"""PythonEngine: the reference implementation of the engine seam, over any policy object."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prefixcache.engine.core import EngineCounters
+from prefixcache.engine.eviction import EvictionPlanner
+from prefixcache.engine.invariants import find_invariant_problems
+from prefixcache.engine.journal import PolicyJournal
+from prefixcache.engine.partitions import PartitionLedger
+from prefixcache.engine.pool import BlockPool
+from prefixcache.engine.references import ReferenceTable, count_occurrences
+from prefixcache.engine.registration import (
+    check_hash_assignment,
+    is_fresh_chain,
+    new_runs,
+    num_holding_own_hash,
+    plan_registration,
+    planned_depths,
+)
+from prefixcache.engine.registry import ROOT, HashRegistry
+from prefixcache.engine.types import NO_HASH
+from prefixcache.errors import BlockStateError, HashConflictError
+from prefixcache.policies import EvictionPolicy, ObservesRegistrations
+
+_EMPTY_FREED = np.empty(0, dtype=np.int32)
+
+
+class PythonEngine:
+    """Block state in numpy arrays and Python collaborators; drives any eviction policy.
+
+    The readable reference of :class:`~prefixcache.engine.core.EngineCore`
+    (see there for each method's contract): the native engine must behave
+    exactly like it. Collaborators, each with one job: the pool (free stack),
+    the :class:`ReferenceTable` (counts, access history, free-group queue),
+    the :class:`PartitionLedger` (active/paused/cached counts, budgets), the
+    :class:`HashRegistry` (prefix index), the :class:`EvictionPlanner` and the
+    policy behind a :class:`PolicyJournal`. Every method makes its fallible
+    calls (policy, then pool) first and writes its own state last; a failure
+    rolls the policy back, so the engine is left exactly as it was.
+
+    Args:
+        total_count: blocks including the dummy.
+        paused_count: budget of the paused partition.
+        policy: the eviction policy object (owned by this engine).
+        device: where the pool's free-stack mirror lives.
+        track_changes: record freed blocks and removed hashes for
+            :meth:`take_changes` (events or routing are on).
+    """
+
+    name = "python"
+
+    def __init__(
+        self,
+        total_count: int,
+        paused_count: int,
+        policy: EvictionPolicy,
+        device: str | None,
+        *,
+        track_changes: bool = False,
+    ) -> None:
+        self.policy = policy
+        self.retains_unreferenced = bool(policy.retains_unreferenced)
+        self._observe_registration = (
+            policy.on_register if isinstance(policy, ObservesRegistrations) else None
+        )
+        self.pool = BlockPool(total_count, device)
+        self.num_usable = total_count - 1
+        self.registry = HashRegistry(total_count)
+        self.refs = ReferenceTable(total_count)
+        self.ledger = PartitionLedger(self.num_usable, paused_count)
+        self.paused_count = paused_count
+        self.active_count = self.ledger.active_count
+        self.planner = EvictionPlanner(
+            policy,
+            self.registry,
+            self.refs.active,
+            self.refs.paused,
+            self.refs.last_access,
+            self.num_usable,
+            self.leaf_args,
+        )
+        self._track_changes = track_changes
+        self._freed: list[np.ndarray] = []
+        self._removed: list[int] = []
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
+        self._clock = 0
+        self._num_allocated = 0
+        self._num_released = 0
+        self._num_queried = 0
+        self._num_hits = 0
+        self._num_evicted = 0
+        self._num_dropped = 0
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def num_free(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_active(self) -> int:
+        return self.ledger.num_active
+
+    @property
+    def num_paused(self) -> int:
+        return self.ledger.num_paused
+
+    @property
+    def num_cached(self) -> int:
+        return self.ledger.num_cached
+
+    @property
+    def num_registered(self) -> int:
+        return len(self.registry)
+
+    @property
+    def clock(self) -> int:
+        return self._clock
+
+    def counters(self) -> EngineCounters:
+        return EngineCounters(
+            num_allocated_blocks=self._num_allocated,
+            num_released_references=self._num_released,
+            num_queried_blocks=self._num_queried,
+            num_hit_blocks=self._num_hits,
+            num_evicted_blocks=self._num_evicted,
+            num_dropped_blocks=self._num_dropped,
+            clock=self._clock,
+        )
+
+    def advance_clock(self, ticks: int) -> int:
+        self._clock += ticks
+        return self._clock
+
+    # ------------------------------------------------------------------ allocation
+
+    def allocate(self, num_blocks: int) -> np.ndarray | None:
+        if num_blocks > self.pool.num_free + self.ledger.num_cached:
+            return None
+        shortfall = num_blocks - self.pool.num_free
+        if shortfall > 0:
+            block_ids = self._allocate_evicting(num_blocks, shortfall)
+        else:
+            block_ids = self.pool.acquire(num_blocks)
+        self._clock += 1
+        self.refs.active[block_ids.astype(np.intp)] = 1
+        self.ledger.num_active += num_blocks
+        self._num_allocated += num_blocks
+        return block_ids
+
+    def release(self, block_ids: np.ndarray, *, paused: bool) -> None:
+        if self.refs.group_depth and not paused:
+            self.refs.queue_release(block_ids, self.describe_state)
+            return
+        unique, counts = count_occurrences(block_ids)
+        refs = self.refs.paused if paused else self.refs.active
+        held = refs[unique]
+        self.refs.check_can_drop(
+            unique, counts, held, "paused" if paused else "active", self.describe_state
+        )
+        self._drop_references(unique, counts, held, paused=paused)
+
+    def open_group(self) -> None:
+        self.refs.group_depth += 1
+
+    def close_group(self) -> None:
+        self.refs.group_depth -= 1
+        if self.refs.group_depth == 0:
+            queued = self.refs.take_queued()
+            if queued is not None:  # if this raises, the group's releases are dropped
+                touched, counts = queued
+                self._drop_references(touched, counts, self.refs.active[touched], paused=False)
+
+    def _drop_references(
+        self, unique: np.ndarray, counts: np.ndarray | None, held: np.ndarray, *, paused: bool
+    ) -> None:
+        """Commit a validated release of ``counts`` references of distinct ``unique``.
+
+        Only blocks whose count in the released partition reaches zero can
+        change state. If the pool or the policy raises, the counts are put back.
+        """
+        refs = self.refs.paused if paused else self.refs.active
+        num_references = len(unique) if counts is None else int(counts.sum())
+        remaining = held - (1 if counts is None else counts)
+        emptied = unique[remaining == 0]
+        refs[unique] = remaining
+        if not len(emptied):
+            self._num_released += num_references
+            return
+        other = (self.refs.active if paused else self.refs.paused)[emptied]
+        still_held = np.count_nonzero(other)
+        unreferenced = emptied[other == 0] if still_held else emptied
+        if len(unreferenced):
+            try:
+                self._on_unreferenced(unreferenced)
+            except BaseException:
+                refs[unique] = held
+                raise
+        self._num_released += num_references
+        if paused:  # still-active blocks do not change state; the rest were paused
+            self.ledger.num_paused -= len(emptied) - still_held
+        else:  # blocks with paused references become paused
+            self.ledger.num_active -= len(emptied)
+            self.ledger.num_paused += still_held
+
+    def _on_unreferenced(self, block_ids: np.ndarray) -> None:
+        """Blocks that just lost their last reference become cached or free (all or nothing)."""
+        if not len(self.registry):  # always so with prefix caching off
+            self._release_to_pool(block_ids)
+            return
+        hashed = self.registry.is_registered[block_ids]
+        num_hashed = np.count_nonzero(hashed)
+        unhashed = block_ids[~hashed] if num_hashed else block_ids
+        if not num_hashed:
+            self._release_to_pool(unhashed)
+        elif self.retains_unreferenced:
+            self._cache_blocks(block_ids[hashed], unhashed)
+        else:
+            self._drop_blocks(block_ids[hashed], unhashed)
+
+    def _release_to_pool(self, block_ids: np.ndarray) -> None:
+        self.pool.release(block_ids)
+        if self._track_changes and len(block_ids):
+            self._freed.append(np.array(block_ids, dtype=np.int32))
+
+    def _cache_blocks(self, hashed: np.ndarray, unhashed: np.ndarray) -> None:
+        """Keep the unreferenced ``hashed`` blocks cached, their leaves in the policy."""
+        leaves = hashed[self.registry.num_children[hashed] == 0]
+        journal = self._journal()
+        try:
+            for block_id in leaves.tolist():
+                journal.insert(block_id)
+            self._release_to_pool(unhashed)
+        except BaseException:
+            journal.rollback()
+            raise
+        self.ledger.num_cached += len(hashed)
+
+    def _drop_blocks(self, hashed: np.ndarray, unhashed: np.ndarray) -> None:
+        """Ref-zero: free the unreferenced ``hashed`` blocks, each with its descendants' hashes.
+
+        Dropping a subtree keeps the registry ancestor-closed; referenced
+        descendants lose their hash and are freed when released.
+        """
+        gone: set[int] = set()
+        dropped: list[int] = []
+        for block_id in hashed.tolist():
+            if block_id not in gone:
+                subtree = self.planner.subtree(block_id, gone)
+                gone.update(subtree)
+                dropped.extend(subtree)
+        freed = [block_id for block_id in dropped if self.planner.is_unreferenced(block_id)]
+        self._release_to_pool(np.concatenate((unhashed, np.asarray(freed, dtype=np.int32))))
+        self._record_removed(self.registry.deregister_leaves(dropped))
+        self._num_dropped += len(freed)
+
+    def _record_removed(self, hashes: list[int]) -> None:
+        if self._track_changes:
+            self._removed.extend(hashes)
+
+    def leaf_args(self, block_id: int) -> tuple[int, int, int, int]:
+        """What the policy is told of a leaf: hash, last access, hand-outs, depth."""
+        return (
+            self.registry.hash_of(block_id),
+            self.refs.last_access.item(block_id),
+            self.refs.num_accesses.item(block_id),
+            self.registry.depth_of.item(block_id),
+        )
+
+    def _insert_leaf(self, block_id: int) -> None:
+        self.policy.insert(block_id, *self.leaf_args(block_id))
+
+    def _journal(self) -> PolicyJournal:
+        return PolicyJournal(self.policy, self._insert_leaf)
+
+    # ------------------------------------------------------------------ prefix reuse
+
+    def lookup(self, block_hashes: list[int]) -> np.ndarray:
+        return np.array(self.registry.match(block_hashes), dtype=np.intp)
+
+    def take_hit(self, block_ids: np.ndarray, num_queried: int, *, acquire: bool) -> None:
+        matched = block_ids
+        if acquire and len(matched):
+            # A chain (each block the parent of the next) repeats no block.
+            if len(matched) < 2 or np.array_equal(
+                self.registry.parent_of[matched[1:]], matched[:-1]
+            ):
+                self._take_references(matched, None)
+            else:
+                self._take_references(*count_occurrences(matched))
+        self._num_queried += num_queried
+        self._num_hits += len(matched)
+
+    def acquire(self, block_ids: np.ndarray) -> None:
+        unique, counts = count_occurrences(block_ids)
+        free = ~self.registry.is_registered[unique] & self.refs.is_unreferenced(unique)
+        if free.any():
+            raise BlockStateError(
+                f"block {int(unique[free][0])} is free; only cached or referenced blocks "
+                "can be acquired (allocate fresh blocks instead)"
+            )
+        self._take_references(unique, counts)
+
+    def _take_references(self, unique: np.ndarray, counts: np.ndarray | None) -> None:
+        """Commit new active references (one each if ``counts`` is None) on distinct blocks."""
+        refs, ledger = self.refs, self.ledger
+        delta = 1 if counts is None else counts
+        active = refs.active[unique]
+        inactive = active == 0
+        num_activated = np.count_nonzero(inactive)
+        if num_activated:
+            activated = unique if num_activated == len(unique) else unique[inactive]
+            paused = refs.paused[activated]
+            num_from_paused = np.count_nonzero(paused)
+            cached = activated[paused == 0] if num_from_paused else activated
+            if len(cached) and self.retains_unreferenced:
+                self._discard_leaves(cached[self.registry.num_children[cached] == 0].tolist())
+            ledger.num_active += int(num_activated)
+            ledger.num_paused -= int(num_from_paused)
+            ledger.num_cached -= len(cached)
+        refs.active[unique] = active + delta
+        self._clock += 1
+        refs.last_access[unique] = self._clock
+        refs.num_accesses[unique] += delta
+
+    def _discard_leaves(self, leaves: list[int]) -> None:
+        """Take cached leaves out of the policy, all or none."""
+        journal = self._journal()
+        try:
+            for block_id in leaves:
+                journal.discard(block_id)
+        except BaseException:
+            journal.rollback()
+            raise
+
+    def register(
+        self, block_ids: np.ndarray, block_hashes: list[int], parent_hash: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        ids, hashes, registry = block_ids, block_hashes, self.registry
+        unreferenced = self.refs.is_unreferenced(ids)
+        if unreferenced.any():
+            block_id = int(ids[unreferenced][0])
+            raise BlockStateError(
+                f"block {block_id} ({self.describe_state(block_id)}) is not referenced; "
+                "register blocks while a request holds them"
+            )
+        id_list = ids.tolist()
+        parent_id = ROOT
+        if parent_hash is not None:
+            holder = registry.block_of(parent_hash)
+            if holder is None:
+                raise HashConflictError(f"parent hash {parent_hash} is not registered")
+            parent_id = holder
+        # The common call: a matched prefix that holds its hashes, then fresh blocks.
+        held = num_holding_own_hash(registry, id_list, hashes)
+        if held:
+            parent_id = id_list[held - 1]
+        if held == len(id_list) or is_fresh_chain(
+            registry, ids[held:], id_list[held:], hashes[held:]
+        ):
+            new = np.zeros(len(id_list), dtype=bool)
+            if held < len(id_list):
+                self._register_fresh_chain(ids[held:], id_list[held:], hashes[held:], parent_id)
+                new[held:] = True
+            return np.ones(len(id_list), dtype=bool), new
+        check_hash_assignment(registry, id_list, hashes)
+        holders, new_list = plan_registration(registry, id_list, hashes)
+        parents = [parent_id, *holders[:-1]]
+        if self._observe_registration is not None:
+            depths = planned_depths(registry, id_list, parents, new_list)
+            for first, run in new_runs(new_list, hashes):
+                self._observe_registration(run, depths[id_list[first]])
+        gaining_child = dict.fromkeys(parents[i] for i in range(len(new_list)) if new_list[i])
+        self._discard_leaves([p for p in gaining_child if self._is_tracked_leaf(p)])
+        for index, (block_id, block_hash) in enumerate(zip(id_list, hashes, strict=True)):
+            if new_list[index]:
+                registry.register(block_id, block_hash, parents[index])
+                # A block's cache life starts here: allocation leaves these untouched.
+                self.refs.last_access[block_id] = self._clock
+                self.refs.num_accesses[block_id] = 1
+        return np.asarray(holders) == ids, np.array(new_list, dtype=bool)
+
+    def _register_fresh_chain(
+        self, ids: np.ndarray, id_list: list[int], hashes: list[int], parent_id: int
+    ) -> None:
+        if self._observe_registration is not None:
+            first_depth = 0 if parent_id == ROOT else self.registry.depth_of[parent_id] + 1
+            self._observe_registration(hashes, int(first_depth))
+        if self._is_tracked_leaf(parent_id):
+            self.policy.discard(parent_id)  # the only fallible call: before any change
+        self.registry.register_chain(ids, id_list, hashes, parent_id)
+        self.refs.last_access[ids] = self._clock
+        self.refs.num_accesses[ids] = 1
+
+    def _is_tracked_leaf(self, block_id: int) -> bool:
+        """Whether ``block_id`` is a cached leaf, i.e. tracked by the policy."""
+        return (
+            block_id != ROOT
+            and self.retains_unreferenced
+            and self.registry.num_children[block_id] == 0
+            and self.refs.active[block_id] == 0
+            and self.refs.paused[block_id] == 0
+        )
+
+    def block_of(self, block_hash: int) -> int | None:
+        return self.registry.block_of(block_hash)
+
+    def hash_of(self, block_id: int) -> int | None:
+        block_hash = self.registry.hash_of(block_id)
+        return None if block_hash == NO_HASH else block_hash
+
+    def registered_chains(self) -> list[tuple[int, int | None]]:
+        registry = self.registry
+        pairs = sorted(registry.items(), key=lambda pair: int(registry.depth_of[pair[1]]))
+        chains: list[tuple[int, int | None]] = []
+        for block_hash, block_id in pairs:
+            parent_id = int(registry.parent_of[block_id])
+            chains.append((block_hash, None if parent_id == ROOT else registry.hash_of(parent_id)))
+        return chains
+
+    # ------------------------------------------------------------------ partitions and time
+
+    def move(self, block_ids: np.ndarray, *, to_paused: bool) -> None:
+        refs = self.refs
+        unique, counts = count_occurrences(block_ids)
+        delta = 1 if counts is None else counts
+        active, paused = refs.active[unique], refs.paused[unique]
+        # Inside a free group, queued releases are no longer the caller's to pause.
+        held = active - refs.pending[unique] if to_paused else paused
+        refs.check_can_drop(
+            unique, counts, held, "active" if to_paused else "paused", self.describe_state
+        )
+        after_active, after_paused, total_active, total_paused = self.ledger.plan_move(
+            active, paused, delta, to_paused=to_paused
+        )
+        refs.active[unique] = after_active
+        refs.paused[unique] = after_paused
+        self.ledger.num_active, self.ledger.num_paused = total_active, total_paused
+
+    def touch(self, block_ids: np.ndarray) -> None:
+        ids = block_ids
+        unreferenced = self.refs.is_unreferenced(ids)
+        free = unreferenced & ~self.registry.is_registered[ids]
+        if free.any():
+            raise BlockStateError(
+                f"block {int(ids[free][0])} is free; it has no timestamp to update"
+            )
+        now = self._clock + 1
+        if self.retains_unreferenced:
+            leaves = np.unique(ids[unreferenced & (self.registry.num_children[ids] == 0)])
+            journal = self._journal()
+            try:
+                for block_id in leaves.tolist():
+                    journal.touch(block_id, now)
+            except BaseException:
+                journal.rollback()
+                raise
+        self._clock = now
+        self.refs.last_access[ids] = now
+
+    def evict(self, num_blocks: int) -> int:
+        num_blocks = min(num_blocks, self.ledger.num_cached)
+        if not num_blocks:
+            return 0
+        journal = self._journal()
+        try:
+            freed, dropped = self.planner.plan(num_blocks, journal)
+            self.pool.release(np.asarray(freed, dtype=np.int32))
+        except BaseException:
+            journal.rollback()
+            raise
+        self._commit_eviction(freed, dropped)
+        if self._track_changes:
+            self._freed.append(np.asarray(freed, dtype=np.int32))
+        return len(freed)
+
+    def _allocate_evicting(self, num_blocks: int, shortfall: int) -> np.ndarray:
+        """Evict ``shortfall`` cached blocks and hand them out with every free block.
+
+        The evicted blocks go straight to the caller, in the order that
+        pushing them on the free stack and popping ``num_blocks`` would give,
+        so the stack ends exactly as if they had passed through it.
+        """
+        journal = self._journal()
+        try:
+            freed, dropped = self.planner.plan(shortfall, journal)
+            block_ids = np.concatenate(
+                (np.asarray(freed[::-1], dtype=np.int32), self.pool.acquire(num_blocks - shortfall))
+            )
+        except BaseException:
+            journal.rollback()
+            raise
+        self._commit_eviction(freed, dropped)
+        return block_ids
+
+    def _commit_eviction(self, freed: list[int], dropped: list[int]) -> None:
+        """Apply a plan whose policy and pool calls succeeded: deregister and count."""
+        self._record_removed(self.registry.deregister_leaves(dropped))
+        self.ledger.num_cached -= len(freed)
+        self._num_evicted += len(freed)
+
+    def reference_counts(self, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.refs.active[block_ids], self.refs.paused[block_ids]
+
+    def describe_state(self, block_id: int) -> str:
+        if self.refs.active[block_id] > 0:
+            return "active"
+        if self.refs.paused[block_id] > 0:
+            return "paused"
+        return "cached" if self.registry.is_registered[block_id] else "free"
+
+    # ------------------------------------------------------------------ collaborators
+
+    def take_changes(self) -> tuple[np.ndarray, list[int]]:
+        freed = np.concatenate(self._freed) if self._freed else _EMPTY_FREED
+        removed = self._removed
+        self._freed, self._removed = [], []
+        return freed, removed
+
+    def reset(self) -> None:
+        leaves = self.cached_leaves() if self.retains_unreferenced else []
+        self.policy.clear()
+        try:
+            self.pool.reset()
+        except BaseException:
+            for block_id in leaves:
+                self._insert_leaf(block_id)
+            raise
+        self.registry.clear()
+        self.refs.clear()
+        self.ledger.clear()
+        self._freed, self._removed = [], []
+        self._reset_counters()
+
+    def cached_leaves(self) -> list[int]:
+        """Every cached leaf (what the policy tracks). Complexity: O(total_count)."""
+        usable = slice(0, self.num_usable)
+        return np.flatnonzero(
+            self.registry.is_registered[usable]
+            & (self.refs.active[usable] == 0)
+            & (self.refs.paused[usable] == 0)
+            & (self.registry.num_children[usable] == 0)
+        ).tolist()
+
+    def find_problems(self) -> list[str]:
+        return find_invariant_problems(self)
