@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xxhash
 
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import InvalidArgumentError, InvalidTensorError
 
 if TYPE_CHECKING:
@@ -171,8 +172,7 @@ def compute_block_hashes(
 
     Complexity: O(len(tokens)), one hash call per full block.
     """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise InvalidArgumentError(f"block_size must be a positive int, got {block_size!r}")
+    block_size = require_int(block_size, "block_size", minimum=1)
     _check_algo(algo)
     if parent is None:
         seed = root_hash(salt, extra_keys, algo)

@@ -85,12 +85,18 @@ def require_int(
 
     Complexity: O(1).
     """
-    if not is_int(value):
-        raise error(f"{name} must be {_expected(minimum, maximum)}, got {value!r}")
-    number = int(value)
-    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
-        raise error(f"{name} must be {_expected(minimum, maximum)}, got {value!r}")
-    return number
+    if (
+        type(value) is int  # the common case, tested inline: callers sit on hot paths
+        and (INT64_MIN if minimum is None else minimum) <= value
+        and value <= (INT64_MAX if maximum is None else maximum)
+        and INT64_MIN <= value <= INT64_MAX
+    ):
+        return value
+    if is_int(value):
+        number = int(value)
+        if (minimum is None or number >= minimum) and (maximum is None or number <= maximum):
+            return number
+    raise error(f"{name} must be {_expected(minimum, maximum)}, got {value!r}")
 
 
 def require_flag(

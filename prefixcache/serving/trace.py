@@ -31,6 +31,7 @@ from typing import IO, Any
 
 import xxhash
 
+from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import InvalidArgumentError
 
 __all__ = [
@@ -97,8 +98,8 @@ def load_mooncake_trace(
 
     Complexity: O(size of the file read).
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise InvalidArgumentError(f"limit must be an int >= 0 or None, got {limit!r}")
+    if limit is not None:
+        limit = require_int(limit, "limit", minimum=0)
     if isinstance(path_or_file, (str, PathLike)):
         with open(path_or_file, encoding="utf-8") as file:
             return _read_requests(file, limit, str(path_or_file))
@@ -145,7 +146,7 @@ def _parse_line(line: str, line_number: int, source: str) -> TraceRequest:
 
 
 def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value) and value >= 0
 
 
 def trace_block_hashes(hash_ids: Iterable[int]) -> list[int]:
@@ -174,8 +175,10 @@ def trace_block_hashes(hash_ids: Iterable[int]) -> list[int]:
     hashes: list[int] = []
     parent = _TRACE_ROOT
     for hash_id in hash_ids:
-        if isinstance(hash_id, bool) or not isinstance(hash_id, int):
-            raise InvalidArgumentError(f"trace hash IDs must be ints, got {hash_id!r}")
+        if type(hash_id) is not int:  # a Python int's range is the pack's to check
+            if not is_int(hash_id):
+                raise InvalidArgumentError(f"trace hash IDs must be ints, got {hash_id!r}")
+            hash_id = int(hash_id)
         try:
             data = pack(hash_id)
         except struct.error as exc:
