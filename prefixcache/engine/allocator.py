@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
-from prefixcache.engine import hashing
 from prefixcache.engine.block_ids import (
     EMPTY_IDS,
     BlockIdsLike,
     to_block_ids,
-    to_int_array,
     to_tensor,
 )
 from prefixcache.engine.config import AllocatorConfig, build_policy
 from prefixcache.engine.core import EngineCore
-from prefixcache.engine.events import BlockStored, KVCacheEvent, KVEventLog
+from prefixcache.engine.events import KVEventLog
+from prefixcache.engine.kv_event_methods import KVEventMethods
 from prefixcache.engine.moe_routing import MoERoutingMethods
 from prefixcache.engine.pool import BlockPool
+from prefixcache.engine.prefix_hashing import PrefixHashingMethods, to_hash_list
 from prefixcache.engine.registration import new_runs
 from prefixcache.engine.registry import HashRegistry
 from prefixcache.engine.routing import RoutingStore
@@ -31,7 +31,6 @@ from prefixcache.errors import (
     BlockStateError,
     ConfigError,
     InvalidArgumentError,
-    InvalidTensorError,
     InvariantError,
 )
 from prefixcache.policies import EvictionPolicy, SupportsRetention
@@ -53,7 +52,7 @@ def _check_count(num_blocks: object) -> int:
     return int(num_blocks)
 
 
-class KVBlockAllocator(MoERoutingMethods):
+class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods):
     """Hands out KV-cache block IDs, counts references, and shares cached prefixes.
 
     Every usable block is in exactly one state: free (on the pool's stack),
@@ -254,104 +253,6 @@ class KVBlockAllocator(MoERoutingMethods):
 
     # ------------------------------------------------------------------ prefix reuse
 
-    def hash_tokens(
-        self,
-        tokens: Any,
-        *,
-        parent: int | None = None,
-        salt: str | bytes | None = None,
-        extra_keys: Sequence[object] | None = None,
-    ) -> list[int]:
-        """Chained hashes of the full blocks of ``tokens`` with this allocator's settings.
-
-        Uses ``block_size_tokens`` and ``hash_algo`` from the config; the
-        config's ``hash_salt`` comes first among the extra keys, so a new
-        weight version never shares blocks with the old one.
-
-        Raises:
-            InvalidArgumentError: ``extra_keys`` is not a list or tuple, or as
-                :func:`~prefixcache.engine.hashing.compute_block_hashes` raises.
-
-        Complexity: O(tokens), one hash call per block.
-        """
-        keys = self._chain_keys([], extra_keys)
-        algo = self.config.hash_algo
-        if callable(algo):
-            return algo(tokens, self.block_size_tokens, parent=parent, salt=salt, extra_keys=keys)
-        return hashing.compute_block_hashes(
-            tokens,
-            self.block_size_tokens,
-            parent=parent,
-            salt=salt,
-            extra_keys=keys or None,
-            algo=algo,
-        )
-
-    def _chain_keys(self, keys: list[object], extra_keys: Sequence[object] | None) -> list[object]:
-        """``keys``, then the config's ``hash_salt``, then the caller's extra keys."""
-        if extra_keys is not None and not isinstance(extra_keys, (list, tuple)):
-            raise InvalidArgumentError(
-                f"extra_keys must be a list or tuple of keys, got {type(extra_keys).__name__}"
-            )
-        if self.config.hash_salt is not None:
-            keys.append(self.config.hash_salt)
-        if extra_keys is not None:
-            keys.extend(extra_keys)
-        return keys
-
-    def fingerprint_tokens(
-        self,
-        tokens: Any,
-        *,
-        parent: int | None = None,
-        salt: str | bytes | None = None,
-        extra_keys: Sequence[object] | None = None,
-    ) -> list[int]:
-        """Verification fingerprints of the full blocks of ``tokens`` (verify mode).
-
-        A second chain, independent of :meth:`hash_tokens`: another algorithm
-        (``xxh3_128``, or ``sha256`` when hashing with ``xxh3_128``) under its
-        own root, so a collision of one chain is not a collision of the other.
-        ``parent`` is the previous block's fingerprint when continuing a chain.
-
-        Raises:
-            InvalidArgumentError: ``extra_keys`` is not a list or tuple, or as
-                :func:`~prefixcache.engine.hashing.compute_block_hashes` raises.
-
-        Complexity: O(tokens).
-        """
-        algo = "sha256" if self.config.hash_algo == "xxh3_128" else "xxh3_128"
-        keys = self._chain_keys(["prefixcache-fingerprint"], extra_keys)
-        return hashing.compute_block_hashes(
-            tokens, self.block_size_tokens, parent=parent, salt=salt, extra_keys=keys, algo=algo
-        )
-
-    def _fingerprint_list(self, fingerprints: Any, num_hashes: int) -> list[int] | None:
-        """Validate ``fingerprints``; required in verify mode, ignored otherwise."""
-        if not self.verify_prefix_hits:
-            return None
-        if fingerprints is None:
-            raise InvalidArgumentError(
-                "verify_prefix_hits is on: pass fingerprints (see fingerprint_tokens)"
-            )
-        values = _hash_list(fingerprints, "fingerprints")
-        if len(values) != num_hashes:
-            raise InvalidArgumentError(f"{num_hashes} hashes but {len(values)} fingerprints")
-        return values
-
-    def _fingerprint_list(self, fingerprints: Any, num_hashes: int) -> list[int] | None:
-        """Validate ``fingerprints``; required in verify mode, ignored otherwise."""
-        if not self.verify_prefix_hits:
-            return None
-        if fingerprints is None:
-            raise InvalidArgumentError(
-                "verify_prefix_hits is on: pass fingerprints (see fingerprint_tokens)"
-            )
-        values = _hash_list(fingerprints, "fingerprints")
-        if len(values) != num_hashes:
-            raise InvalidArgumentError(f"{num_hashes} hashes but {len(values)} fingerprints")
-        return values
-
     def match_prefix(
         self, block_hashes: Any, *, acquire: bool = False, fingerprints: Any = None
     ) -> torch.Tensor:
@@ -377,7 +278,7 @@ class KVBlockAllocator(MoERoutingMethods):
         Complexity: O(matched blocks) dict lookups, plus vectorised reference updates.
         """
         _check_flag(acquire, "acquire")
-        hashes = _hash_list(block_hashes, "block_hashes")
+        hashes = to_hash_list(block_hashes, "block_hashes")
         checks = self._fingerprint_list(fingerprints, len(hashes))
         if not self.enable_prefix_caching:
             return to_tensor(EMPTY_IDS.copy())
@@ -386,14 +287,6 @@ class KVBlockAllocator(MoERoutingMethods):
             matched = self._verified_prefix(matched, checks)
         self._engine.take_hit(matched, len(hashes), acquire=bool(acquire))
         return to_tensor(matched.astype(np.int32))
-
-    def _verified_prefix(self, matched: np.ndarray, checks: list[int]) -> np.ndarray:
-        stored = self._fingerprint_of_block
-        for index, block_id in enumerate(matched.tolist()):
-            if stored[block_id] != checks[index]:
-                self._num_rejected += 1
-                return matched[:index]
-        return matched
 
     def is_hash_registered(self, block_hash: int) -> bool:
         """Whether some block holds ``block_hash`` now (a chain can continue from it).
@@ -467,7 +360,7 @@ class KVBlockAllocator(MoERoutingMethods):
         Complexity: O(k) dict operations.
         """
         ids = to_block_ids(block_ids, self.num_usable)
-        hashes = _hash_list(block_hashes, "block_hashes")
+        hashes = to_hash_list(block_hashes, "block_hashes")
         if len(hashes) != len(ids):
             raise InvalidArgumentError(f"{len(ids)} block IDs but {len(hashes)} hashes")
         for sentinel in _SENTINEL_HASHES:
@@ -488,36 +381,6 @@ class KVBlockAllocator(MoERoutingMethods):
                 new_runs(new.tolist(), hashes), hashes, parent_hash, tokens, lora_name
             )
         return torch.from_numpy(holds)
-
-    def _event_tokens(self, token_ids: Any, num_blocks: int) -> list[int] | None:
-        """Validate the optional token IDs of a registration (kept only for events)."""
-        if token_ids is None:
-            return None
-        tokens = to_int_array(token_ids, "token_ids").tolist()
-        expected = num_blocks * self.block_size_tokens
-        if len(tokens) != expected:
-            raise InvalidArgumentError(
-                f"token_ids has {len(tokens)} tokens; {num_blocks} blocks of "
-                f"{self.block_size_tokens} need {expected}"
-            )
-        return tokens
-
-    def _record_stored_runs(
-        self,
-        stored_runs: list[tuple[int, list[int]]],
-        hashes: list[int],
-        parent_hash: int | None,
-        tokens: list[int] | None,
-        lora_name: str | None,
-    ) -> None:
-        assert self.events is not None
-        size = self.block_size_tokens
-        for first, run in stored_runs:
-            parent = hashes[first - 1] if first else parent_hash
-            run_tokens = None
-            if tokens is not None:
-                run_tokens = tokens[first * size : (first + len(run)) * size]
-            self.events.record_stored(run, parent, run_tokens, lora_name)
 
     # ------------------------------------------------------------------ partitions
 
@@ -636,7 +499,7 @@ class KVBlockAllocator(MoERoutingMethods):
                 f"policy {type(self.policy).__name__} does not support retention priorities; "
                 "configure one that does (e.g. 'priority')"
             )
-        hashes = _hash_list(block_hashes, "block_hashes")
+        hashes = to_hash_list(block_hashes, "block_hashes")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidArgumentError(f"priority must be an int, got {priority!r}")
         if duration is not None and (
@@ -699,37 +562,6 @@ class KVBlockAllocator(MoERoutingMethods):
         if self.events is not None:
             self.events.record_cleared()
 
-    def _event_log(self) -> KVEventLog:
-        if self.events is None:
-            raise ConfigError("KV cache events are off; set kv_events_capacity > 0")
-        return self.events
-
-    def take_events(self) -> list[KVCacheEvent]:
-        """Drain the queued KV cache events, oldest first.
-
-        Raises:
-            ConfigError: events are not enabled (``kv_events_capacity`` is 0).
-
-        Complexity: O(queued events).
-        """
-        return self._event_log().take()
-
-    def snapshot(self) -> list[BlockStored]:
-        """BlockStored events for every resident hash, parents first, for a late router.
-
-        Not queued: the caller sends them before the events it drains next.
-
-        Raises:
-            ConfigError: events are not enabled.
-
-        Complexity: O(n log n) in registered blocks.
-        """
-        log = self._event_log()
-        return [
-            log.stored_event_for(block_hash, parent_hash)
-            for block_hash, parent_hash in self._engine.registered_chains()
-        ]
-
     def stats(self) -> AllocatorStats:
         """A snapshot of counts per state and cumulative events. O(1)."""
         engine = self._engine
@@ -775,21 +607,3 @@ class KVBlockAllocator(MoERoutingMethods):
         problems = self._engine.find_problems()
         if problems:
             raise InvariantError("; ".join(problems[:5]))
-
-
-def _hash_list(block_hashes: Any, what: str) -> list[int]:
-    """Hashes as a list of ints, from a sequence of ints or a 1-D integer tensor/array."""
-    if isinstance(block_hashes, (torch.Tensor, np.ndarray)):
-        return to_int_array(block_hashes, what).tolist()
-    if isinstance(block_hashes, (str, bytes)) or not isinstance(block_hashes, Sequence):
-        raise InvalidTensorError(
-            f"{what} must be a sequence of ints or a 1-D integer tensor, "
-            f"got {type(block_hashes).__name__}"
-        )
-    hashes = list(block_hashes)
-    if set(map(type, hashes)) <= {int}:  # the common case, checked at C speed
-        return hashes
-    for block_hash in hashes:
-        if isinstance(block_hash, bool) or not isinstance(block_hash, (int, np.integer)):
-            raise InvalidTensorError(f"{what} must contain only ints, got {block_hash!r}")
-    return [int(block_hash) for block_hash in hashes]
