@@ -10,16 +10,11 @@ import torch
 
 from prefixcache.engine.block_ids import BlockIdsLike, to_block_ids, to_tensor
 from prefixcache.engine.pool import resolve_device
+from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from prefixcache.engine.allocator import KVBlockAllocator
-
-
-def _require_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 class BlockTable:
@@ -75,11 +70,13 @@ class BlockTable:
         dummy_block_id: int,
         device: str | torch.device | None = None,
     ) -> None:
-        self.max_requests = _require_int("max_requests", max_requests, 1)
-        self.max_blocks_per_request = _require_int(
-            "max_blocks_per_request", max_blocks_per_request, 1
+        self.max_requests = require_int(max_requests, "max_requests", minimum=1, error=ConfigError)
+        self.max_blocks_per_request = require_int(
+            max_blocks_per_request, "max_blocks_per_request", minimum=1, error=ConfigError
         )
-        self.dummy_block_id = _require_int("dummy_block_id", dummy_block_id, 1)
+        self.dummy_block_id = require_int(
+            dummy_block_id, "dummy_block_id", minimum=1, error=ConfigError
+        )
         self.device = resolve_device(device)
         shape = (self.max_requests, self.max_blocks_per_request)
         pin = self.device.type == "cuda" and torch.cuda.is_available()
@@ -140,7 +137,7 @@ class BlockTable:
 
     def is_active(self, slot: int) -> bool:
         """Whether ``slot`` holds a request (False for any out-of-range value). O(1)."""
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+        if not is_int(slot):
             return False
         return 0 <= slot < self.max_requests and bool(self._in_use[slot])
 
@@ -238,13 +235,12 @@ class BlockTable:
     # ------------------------------------------------------------------ internals
 
     def _check_slot(self, slot: int) -> int:
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
-            raise InvalidArgumentError(f"slot must be an int, got {slot!r}")
+        slot = require_int(slot, "slot")
         if not 0 <= slot < self.max_requests:
             raise InvalidArgumentError(f"slot {slot} is outside [0, {self.max_requests})")
         if not self._in_use[slot]:
             raise InvalidArgumentError(f"slot {slot} holds no request")
-        return int(slot)
+        return slot
 
     def _check_room(self, num_new: int, start: int, what: str) -> None:
         if start + num_new > self.max_blocks_per_request:

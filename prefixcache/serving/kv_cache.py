@@ -10,6 +10,7 @@ import torch
 
 from prefixcache.engine.block_ids import to_int_array
 from prefixcache.engine.pool import resolve_device
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import (
     CapacityError,
     ConfigError,
@@ -19,12 +20,6 @@ from prefixcache.errors import (
 
 IndexLike = torch.Tensor | np.ndarray | Sequence[int]
 """Block IDs or in-block offsets: host ints, or an integer tensor already on the cache's device."""
-
-
-def _require_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _require_float_dtype(dtype: object) -> torch.dtype:
@@ -71,10 +66,7 @@ def blocks_for_memory_budget(
 
     Complexity: O(1).
     """
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)):
-        raise InvalidArgumentError(f"budget_bytes must be an int, got {budget_bytes!r}")
-    if budget_bytes < 0:
-        raise InvalidArgumentError(f"budget_bytes must be >= 0, got {budget_bytes}")
+    budget_bytes = require_int(budget_bytes, "budget_bytes", minimum=0)
     shape = _KVShape.build(num_layers, block_size, k_heads, k_head_dim, v_heads, v_head_dim)
     per_block = shape.bytes_per_block(_require_float_dtype(dtype))
     num_blocks = int(budget_bytes) // per_block
@@ -107,15 +99,18 @@ class _KVShape:
         v_heads: int | None,
         v_head_dim: int | None,
     ) -> _KVShape:
-        k_heads = _require_int("k_heads", k_heads, 1)
-        k_head_dim = _require_int("k_head_dim", k_head_dim, 1)
+        def size(value: object, name: str, minimum: int = 1) -> int:
+            return require_int(value, name, minimum=minimum, error=ConfigError)
+
+        k_heads = size(k_heads, "k_heads")
+        k_head_dim = size(k_head_dim, "k_head_dim")
         return cls(
-            _require_int("num_layers", num_layers, 1),
-            _require_int("block_size", block_size, 1),
+            size(num_layers, "num_layers"),
+            size(block_size, "block_size"),
             k_heads,
             k_head_dim,
-            k_heads if v_heads is None else _require_int("v_heads", v_heads, 1),
-            k_head_dim if v_head_dim is None else _require_int("v_head_dim", v_head_dim, 0),
+            k_heads if v_heads is None else size(v_heads, "v_heads"),
+            k_head_dim if v_head_dim is None else size(v_head_dim, "v_head_dim", minimum=0),
         )
 
     def bytes_per_block(self, dtype: torch.dtype) -> int:
@@ -181,7 +176,7 @@ class KVCache:
             num_layers, block_size, k_heads, k_head_dim, v_heads, v_head_dim
         )
         self.num_layers = self._shape.num_layers
-        self.num_blocks = _require_int("num_blocks", num_blocks, 1)
+        self.num_blocks = require_int(num_blocks, "num_blocks", minimum=1, error=ConfigError)
         self.block_size = self._shape.block_size
         self.k_heads, self.k_head_dim = self._shape.k_heads, self._shape.k_head_dim
         self.v_heads, self.v_head_dim = self._shape.v_heads, self._shape.v_head_dim
@@ -270,8 +265,7 @@ class KVCache:
     # ------------------------------------------------------------------ validation
 
     def _check_layer(self, layer: int) -> None:
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
-            raise InvalidArgumentError(f"layer must be an int, got {layer!r}")
+        layer = require_int(layer, "layer")
         if not 0 <= layer < self.num_layers:
             raise InvalidArgumentError(f"layer {layer} is outside [0, {self.num_layers})")
 

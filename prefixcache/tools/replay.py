@@ -56,6 +56,7 @@ import numpy as np
 
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.config import PolicySpec
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import CapacityError, InvalidArgumentError
 from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
 
@@ -141,7 +142,7 @@ def replay(
     Complexity: O(prompt blocks) allocator work, plus O(log n) policy work per
     inserted, hit or evicted block.
     """
-    _check_capacity(capacity, minimum=0)
+    capacity = require_int(capacity, "capacity", minimum=0)
     _check_policy(policy)
     start = time.perf_counter()
     chains = [np.array(trace_block_hashes(r.hash_ids), dtype=np.int64) for r in requests]
@@ -179,11 +180,6 @@ def replay(
         evictions=allocator.stats().num_evicted_blocks,
         seconds=time.perf_counter() - start,
     )
-
-
-def _check_capacity(capacity: object, minimum: int) -> None:
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < minimum:
-        raise InvalidArgumentError(f"capacity must be an int >= {minimum}, got {capacity!r}")
 
 
 def _check_policy(policy: object) -> None:
@@ -326,10 +322,9 @@ def replay_concurrent(
     """
     from prefixcache.serving import sim as loop  # imported here: the loop is an optional module
 
-    _check_capacity(capacity, minimum=1)
+    capacity = require_int(capacity, "capacity", minimum=1)
     _check_policy(policy)
-    if isinstance(step_ms, bool) or not isinstance(step_ms, int) or step_ms < 1:
-        raise InvalidArgumentError(f"step_ms must be an int >= 1, got {step_ms!r}")
+    step_ms = require_int(step_ms, "step_ms", minimum=1)
     start = time.perf_counter()
     sim_requests = [
         loop.SimRequest.from_hash_ids(

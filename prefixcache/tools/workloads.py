@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from itertools import count
 from os import PathLike
 
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest
 
@@ -42,8 +43,7 @@ __all__ = [
 
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
+        require_int(value, name, minimum=1)
 
 
 def _arrivals(rng: random.Random, mean_gap_ms: int) -> Iterator[int]:

@@ -46,6 +46,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -179,13 +180,13 @@ class ZmqEventPublisher:
     ) -> None:
         if encoding not in ENCODINGS:
             raise ConfigError(f"unknown encoding {encoding!r}; valid: {', '.join(ENCODINGS)}")
-        for name, value, minimum in (
-            ("buffer_size", buffer_size, 1),
-            ("data_parallel_rank", data_parallel_rank, 0),
-            ("send_high_water_mark", send_high_water_mark, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+        buffer_size = require_int(buffer_size, "buffer_size", minimum=1, error=ConfigError)
+        data_parallel_rank = require_int(
+            data_parallel_rank, "data_parallel_rank", minimum=0, error=ConfigError
+        )
+        send_high_water_mark = require_int(
+            send_high_water_mark, "send_high_water_mark", minimum=1, error=ConfigError
+        )
         self.encoding = encoding
         self.topic = topic
         self.data_parallel_rank = data_parallel_rank
