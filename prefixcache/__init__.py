@@ -17,7 +17,7 @@ eviction policies are :mod:`prefixcache.policies`. The names below are the
 public API, importable from here.
 """
 
-from prefixcache import _moved
+from prefixcache import _checkout, _moved  # noqa: F401 (_checkout acts on import: its docstring)
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.block_ids import BlockIdsLike
 from prefixcache.engine.config import AllocatorConfig, build_policy
