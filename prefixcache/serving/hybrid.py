@@ -1,0 +1,392 @@
+"""HybridMemory: a hybrid model's whole cache memory in one call, and its request life cycle.
+
+A hybrid model interleaves attention layers (KV blocks, in layer groups) with
+linear-attention layers (one fixed-size state per request, in a state pool). A prefix
+hit must restore both: the KV blocks of the prefix and the recurrent state at its end,
+which only exists where a checkpoint was taken. :func:`build_hybrid_memory` builds the
+pieces; :class:`HybridMemory` admits, grows, commits and finishes requests across all
+of them. See DESIGN.md, "Hybrid models".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from prefixcache.engine.config import PolicySpec
+from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
+from prefixcache.serving.checkpoints import StateCheckpoints
+from prefixcache.serving.layer_groups import GroupHit, LayerGroups, LayerGroupSpec
+from prefixcache.serving.state_pool import StatePool, StateShape
+
+
+@dataclass(frozen=True, slots=True)
+class HybridPrefixMatch:
+    """The longest prefix a hybrid model can reuse: KV in every group and a state at its end.
+
+    Attributes:
+        num_blocks: full blocks of the prompt the hit covers (0: none).
+        num_tokens: ``num_blocks * block_size``.
+        checkpoint_slot: the state pool slot to copy the state from; None
+            when the hit is empty or the model has no linear layers.
+        block_ids: per layer group (in spec order), the blocks the hit needs.
+    """
+
+    num_blocks: int
+    num_tokens: int
+    checkpoint_slot: int | None
+    block_ids: tuple[np.ndarray, ...]
+
+
+@dataclass(slots=True)
+class HybridRequest:
+    """A request admitted by :class:`HybridMemory`; its fields are changed only by it.
+
+    Attributes:
+        slot: the request's row in every layer group's block table.
+        state_slot: its slot in the state pool (None without linear layers).
+        num_prompt_tokens: prompt length.
+        num_computed_tokens: tokens whose KV and state are written.
+        num_hit_tokens: tokens served from the prefix cache at admission.
+        restored_from: the checkpoint slot its state was copied from, or None.
+    """
+
+    slot: int
+    state_slot: int | None
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    num_hit_tokens: int
+    restored_from: int | None
+
+
+class HybridMemory:
+    """Layer groups, a state pool and state checkpoints, served together.
+
+    The life of a request: :meth:`admit` (prefix hit on KV and state, a table
+    row, a state slot with the checkpoint copied in), then per chunk
+    :meth:`reserve` (blocks for the tokens about to be computed) and
+    :meth:`commit` (they are computed: register full blocks, give back
+    sliding-window blocks, checkpoint the state at a boundary), and
+    :meth:`finish`. A scheduler ends prefill chunks at
+    :meth:`chunk_boundaries`, so the live state can be checkpointed there.
+
+    Not thread-safe.
+
+    Args:
+        groups: the attention layer groups (:class:`LayerGroups`).
+        state_pool: the linear layers' states, or None for a pure attention model.
+        checkpoints: the checkpoint set over ``state_pool``, or None.
+    """
+
+    def __init__(
+        self,
+        groups: LayerGroups,
+        state_pool: StatePool | None = None,
+        checkpoints: StateCheckpoints | None = None,
+    ) -> None:
+        if checkpoints is not None and checkpoints.pool is not state_pool:
+            raise ConfigError("checkpoints must live in the given state pool")
+        self.groups = groups
+        self.state_pool = state_pool
+        self.checkpoints = checkpoints
+        self.block_size = groups.block_size
+        self._requests: dict[int, HybridRequest] = {}
+
+    # ------------------------------------------------------------------ matching
+
+    def match_prefix(self, block_hashes: Sequence[int]) -> HybridPrefixMatch:
+        """The longest prefix of ``block_hashes`` with KV in every group and a state at its end.
+
+        With linear layers, a prefix qualifies only if a checkpoint ends at
+        its last block; without a checkpoint set, no prefix does. Takes
+        nothing (:meth:`admit` does).
+
+        Args:
+            block_hashes: chain hashes of the prompt's full blocks. Leave out
+                the block holding the last prompt token, so at least one token
+                is computed (its logits start the answer).
+
+        Raises:
+            InvalidArgumentError: malformed hashes.
+
+        Complexity: as :meth:`LayerGroups.longest_hit`, one dict lookup per candidate.
+        """
+        hit, slot = self._match(_hash_list(block_hashes))
+        return HybridPrefixMatch(
+            hit.num_blocks, hit.num_blocks * self.block_size, slot, hit.block_ids
+        )
+
+    def _match(self, hashes: list[int]) -> tuple[GroupHit, int | None]:
+        """The groups' hit and the checkpoint slot at its end (None: none or not needed)."""
+        checkpoints = self.checkpoints
+        accept = None
+        if self.state_pool is not None:
+            if checkpoints is None:
+                return self.groups.longest_hit(hashes, lambda _: False), None
+
+            def accept(num_blocks: int) -> bool:
+                return checkpoints.lookup(hashes[num_blocks - 1]) is not None
+
+        hit = self.groups.longest_hit(hashes, accept)
+        slot = None
+        if hit.num_blocks and checkpoints is not None:
+            slot = checkpoints.lookup(hashes[hit.num_blocks - 1])
+        return hit, slot
+
+    # ------------------------------------------------------------------ requests
+
+    def admit(self, block_hashes: Sequence[int], num_prompt_tokens: int) -> HybridRequest | None:
+        """Start a request: take its prefix hit, a table row and a state slot.
+
+        Args:
+            block_hashes: chain hashes of the prompt's full blocks (see
+                :meth:`match_prefix` for the last block).
+            num_prompt_tokens: prompt length, >= 1.
+
+        Returns:
+            The request, or None (nothing changes) when no table row or state
+            slot is free.
+
+        Raises:
+            InvalidArgumentError: malformed hashes or length.
+
+        Complexity: :meth:`match_prefix`, plus O(hit blocks) and one state copy.
+        """
+        hashes = _hash_list(block_hashes)
+        if isinstance(num_prompt_tokens, bool) or not isinstance(num_prompt_tokens, int):
+            raise InvalidArgumentError(f"num_prompt_tokens must be an int, got {num_prompt_tokens}")
+        if num_prompt_tokens < 1:
+            raise InvalidArgumentError(f"num_prompt_tokens must be >= 1, got {num_prompt_tokens}")
+        first_table = self.groups.tables[self.groups.specs[0].name]
+        if not first_table.num_free_slots:
+            return None
+        if self.state_pool is not None and not self.state_pool.num_free:
+            return None
+        hit, checkpoint_slot = self._match(hashes)
+        slot = self.groups.admit(hit, hashes)
+        state_slot = None
+        if self.state_pool is not None:
+            state_slot = self.state_pool.allocate()
+            if checkpoint_slot is not None and self.checkpoints is not None:
+                self.checkpoints.restore(hashes[hit.num_blocks - 1], state_slot)
+        num_hit_tokens = hit.num_blocks * self.block_size
+        request = HybridRequest(
+            slot=slot,
+            state_slot=state_slot,
+            num_prompt_tokens=num_prompt_tokens,
+            num_computed_tokens=num_hit_tokens,
+            num_hit_tokens=num_hit_tokens,
+            restored_from=checkpoint_slot,
+        )
+        self._requests[slot] = request
+        return request
+
+    def chunk_boundaries(self, request: HybridRequest) -> list[int]:
+        """Token counts inside the prompt where the state should be checkpointed.
+
+        Prefill chunks that end exactly there let :meth:`commit` copy the live
+        state out. Empty without checkpoints.
+
+        Complexity: O(prompt blocks / every).
+        """
+        self._check(request)
+        if self.checkpoints is None:
+            return []
+        num_prompt_blocks = request.num_prompt_tokens // self.block_size
+        points = self.checkpoints.boundaries(num_prompt_blocks)
+        return [
+            blocks * self.block_size
+            for blocks in points
+            if blocks * self.block_size > request.num_computed_tokens
+        ]
+
+    def reserve(self, request: HybridRequest, num_tokens: int) -> bool:
+        """Blocks in every group for the request's first ``num_tokens`` tokens.
+
+        Returns:
+            False, with nothing changed, when some pool cannot supply them.
+
+        Raises:
+            InvalidArgumentError: an unknown request or a bad count.
+            CapacityError: a table row would overflow.
+
+        Complexity: as :meth:`LayerGroups.reserve`.
+        """
+        self._check(request)
+        return self.groups.reserve(request.slot, num_tokens)
+
+    def commit(
+        self, request: HybridRequest, num_tokens: int, block_hashes: Sequence[int]
+    ) -> int | None:
+        """The KV and state of the request's first ``num_tokens`` tokens are written.
+
+        Registers full blocks and gives back sliding-window blocks
+        (:meth:`LayerGroups.commit`), then, when ``num_tokens`` ends a
+        checkpoint boundary (every ``every``-th block or the prompt's last
+        full block), checkpoints the state slot under that block's hash.
+
+        Returns:
+            The checkpoint slot written or refreshed, or None.
+
+        Raises:
+            InvalidArgumentError: an unknown request, a count out of range, or
+                too few hashes.
+
+        Complexity: as :meth:`LayerGroups.commit`, plus one state copy at a boundary.
+        """
+        self._check(request)
+        hashes = _hash_list(block_hashes)
+        self.groups.commit(request.slot, num_tokens, hashes)
+        request.num_computed_tokens = num_tokens
+        if self.checkpoints is None or request.state_slot is None or num_tokens % self.block_size:
+            return None
+        num_blocks = num_tokens // self.block_size
+        if not self.checkpoints.is_boundary(
+            num_blocks, request.num_prompt_tokens // self.block_size
+        ):
+            return None
+        return self.checkpoints.save(
+            hashes[num_blocks - 1], request.state_slot, depth=num_blocks - 1
+        )
+
+    def finish(self, request: HybridRequest) -> None:
+        """Release the request's blocks in every group and its state slot.
+
+        Raises:
+            InvalidArgumentError: an unknown request (or one already finished).
+
+        Complexity: O(blocks held).
+        """
+        self._check(request)
+        self.groups.finish(request.slot)
+        if request.state_slot is not None and self.state_pool is not None:
+            self.state_pool.free(request.state_slot)
+        del self._requests[request.slot]
+
+    # ------------------------------------------------------------------ memory
+
+    @property
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes of KV storage per pool and of the state pool (``"states"``). O(pools)."""
+        sizes = {
+            pool: cache.num_blocks * cache.bytes_per_block()
+            for pool, cache in self.groups.kv_caches.items()
+        }
+        if self.state_pool is not None:
+            sizes["states"] = self.state_pool.memory_bytes
+        return sizes
+
+    def check_invariants(self) -> None:
+        """The groups', the pool's and the checkpoints' invariants, and each request's slots.
+
+        Raises:
+            InvariantError: the first problem found.
+
+        Complexity: O(total blocks + slots + checkpoints).
+        """
+        self.groups.check_invariants()
+        if self.state_pool is not None:
+            self.state_pool.check_invariants()
+        if self.checkpoints is not None:
+            self.checkpoints.check_invariants()
+        for request in self._requests.values():
+            if request.state_slot is not None and not self.state_pool.is_allocated(  # type: ignore[union-attr]
+                request.state_slot
+            ):
+                raise InvariantError(f"request in slot {request.slot} lost its state slot")
+
+    def _check(self, request: object) -> None:
+        if (
+            not isinstance(request, HybridRequest)
+            or self._requests.get(request.slot) is not request
+        ):
+            raise InvalidArgumentError(f"{request!r} is not a running request of this memory")
+
+
+def _hash_list(block_hashes: object) -> list[int]:
+    if isinstance(block_hashes, torch.Tensor | np.ndarray):
+        block_hashes = block_hashes.tolist()
+    if not isinstance(block_hashes, list | tuple) or not all(
+        isinstance(value, int | np.integer) and not isinstance(value, bool)
+        for value in block_hashes
+    ):
+        raise InvalidArgumentError("block_hashes must be a sequence of ints")
+    return [int(value) for value in block_hashes]
+
+
+def build_hybrid_memory(
+    groups: Sequence[LayerGroupSpec],
+    *,
+    num_blocks: int | dict[str, int],
+    block_size: int,
+    max_requests: int,
+    max_blocks_per_request: int,
+    linear: StateShape | None = None,
+    num_checkpoints: int = 0,
+    checkpoint_every: int = 4,
+    checkpoint_policy: PolicySpec = "lru",
+    eviction_policy: PolicySpec = "lru",
+    dtype: torch.dtype = torch.float16,
+    device: str | torch.device | None = None,
+) -> HybridMemory:
+    """Build a hybrid model's whole cache memory: KV pools, allocators, tables, state pool.
+
+    The state pool gets one slot per request row plus ``num_checkpoints``
+    reserved checkpoint slots plus the dummy.
+
+    Args:
+        groups: the attention layer groups.
+        num_blocks: blocks per KV pool, the dummy included (an int for all).
+        block_size: tokens per block.
+        max_requests, max_blocks_per_request: the block tables' size.
+        linear: the linear-attention layers' state shape, or None.
+        num_checkpoints: state checkpoint slots (0: no prefix hits with
+            linear layers).
+        checkpoint_every: checkpoint every this many blocks.
+        checkpoint_policy: eviction policy of the checkpoints.
+        eviction_policy: eviction policy of the KV blocks.
+        dtype: KV and conv-state dtype (recurrent states are float32).
+        device: where everything lives.
+
+    >>> memory = build_hybrid_memory(
+    ...     [LayerGroupSpec("attn", "full", num_layers=2, k_heads=2, k_head_dim=8)],
+    ...     num_blocks=33, block_size=16, max_requests=4, max_blocks_per_request=8,
+    ...     linear=StateShape(num_layers=6, num_heads=2, k_dim=8, v_dim=8, conv_dim=32,
+    ...                       conv_kernel=4),
+    ...     num_checkpoints=8, dtype=torch.bfloat16, device="cpu")
+    >>> memory.memory_bytes
+    {'attn': 67584, 'states': 54912}
+
+    Raises:
+        ConfigError: inconsistent sizes or an unknown policy.
+
+    Complexity: O(storage size) to zero the tensors.
+    """
+    layer_groups = LayerGroups(
+        groups,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_requests=max_requests,
+        max_blocks_per_request=max_blocks_per_request,
+        eviction_policy=eviction_policy,
+        dtype=dtype,
+        device=device,
+    )
+    if linear is None:
+        if num_checkpoints:
+            raise ConfigError("num_checkpoints needs linear layers (linear=StateShape(...))")
+        return HybridMemory(layer_groups)
+    if isinstance(num_checkpoints, bool) or not isinstance(num_checkpoints, int):
+        raise ConfigError(f"num_checkpoints must be an int >= 0, got {num_checkpoints!r}")
+    device = layer_groups.allocators[groups[0].pool_name].pool.device
+    pool = StatePool(
+        linear, 1 + layer_groups.tables[groups[0].name].max_requests + max(0, num_checkpoints),
+        dtype=dtype, device=device,
+    )  # fmt: skip
+    checkpoints = StateCheckpoints(
+        pool, num_checkpoints, every=checkpoint_every, policy=checkpoint_policy
+    )
+    return HybridMemory(layer_groups, pool, checkpoints)

@@ -1,0 +1,533 @@
+"""LayerGroups: a model's attention layers in groups, each with its own kind of KV cache.
+
+Models mix attention kinds: full attention on some layers, sliding-window attention on
+others, and beside the main cache the small per-token key cache of a sparse-attention
+indexer (as DeepSeek's sparse attention keeps). Each group here has its own block table
+row per request, and takes blocks from its own allocator or from one it shares with
+other groups (vLLM's hybrid KV-cache manager keeps one table per group the same way).
+Sliding-window groups give back blocks that fell out of the window while the request
+runs, and a prefix hit on them needs only the blocks inside the window. See DESIGN.md,
+"Hybrid models".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import xxhash
+
+from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.engine.config import AllocatorConfig, PolicySpec
+from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError, InvariantError
+from prefixcache.serving.block_table import BlockTable
+from prefixcache.serving.kv_cache import KVCache
+
+GROUP_KINDS = ("full", "sliding_window", "indexer")
+"""What a group's layers attend to: every past token, the last ``window``, or every past
+token through a small per-token key cache (a sparse-attention indexer)."""
+
+_MASK63 = (1 << 63) - 1
+
+
+def _require_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGroupSpec:
+    """One group of layers with the same kind of cache and the same KV shape.
+
+    Attributes:
+        name: unique name of the group.
+        kind: one of :data:`GROUP_KINDS`.
+        num_layers: layers in the group, >= 1.
+        k_heads, k_head_dim: K heads and width per token, >= 1.
+        v_heads, v_head_dim: V heads and width (default: K's; an indexer
+            defaults to ``v_head_dim=0``, keys only).
+        window: tokens a sliding-window layer attends to, itself included;
+            required for ``"sliding_window"``, refused otherwise.
+        pool: name of the block pool; groups naming the same pool share one
+            allocator (and aliased KV storage). Default: the group's own name.
+    """
+
+    name: str
+    kind: str
+    num_layers: int
+    k_heads: int
+    k_head_dim: int
+    v_heads: int | None = None
+    v_head_dim: int | None = None
+    window: int | None = None
+    pool: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"group name must be a non-empty string, got {self.name!r}")
+        if self.kind not in GROUP_KINDS:
+            raise ConfigError(f"group {self.name!r}: kind must be one of {GROUP_KINDS}")
+        for attribute in ("num_layers", "k_heads", "k_head_dim"):
+            _require_int(attribute, getattr(self, attribute), 1)
+        if (self.kind == "sliding_window") != (self.window is not None):
+            raise ConfigError(f"group {self.name!r}: window is for sliding_window groups only")
+        if self.window is not None:
+            _require_int("window", self.window, 1)
+        if self.pool is not None and (not isinstance(self.pool, str) or not self.pool):
+            raise ConfigError(f"group {self.name!r}: pool must be a non-empty string or None")
+
+    @property
+    def pool_name(self) -> str:
+        """The pool this group takes blocks from."""
+        return self.pool or self.name
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        """``(k_heads, k_head_dim, v_heads, v_head_dim)`` with the defaults applied."""
+        v_dim = self.v_head_dim
+        if v_dim is None:
+            v_dim = 0 if self.kind == "indexer" else self.k_head_dim
+        v_heads = self.k_heads if self.v_heads is None else self.v_heads
+        return (self.k_heads, self.k_head_dim, v_heads, v_dim)
+
+
+def first_needed_block(num_tokens: int, window: int, block_size: int) -> int:
+    """Index of the oldest block the next token's window reaches, ``num_tokens`` computed.
+
+    The token at position ``num_tokens`` attends to positions
+    ``num_tokens - window + 1 .. num_tokens``; every block before the one
+    holding the first of them is outside the window for good.
+
+    >>> first_needed_block(20, window=8, block_size=4)
+    3
+    """
+    return max(0, num_tokens - window + 1) // block_size
+
+
+class _WindowedBlockTable(BlockTable):
+    """A BlockTable whose rows may point leading entries at the dummy block.
+
+    Sliding-window rows keep their logical positions (a kernel finds block
+    ``i`` at column ``i``) while blocks out of the window are given back.
+    Uses BlockTable's internals until it has these two methods itself (see
+    DESIGN.md, "Hybrid models").
+    """
+
+    def add_request_at(self, start: int, block_ids: np.ndarray) -> int:
+        """A new row whose columns ``start ..`` hold ``block_ids``; earlier ones the dummy."""
+        if not self._free_slots:
+            raise CapacityError(f"all {self.max_requests} request slots are in use")
+        self._check_room(len(block_ids), start, "a new request")
+        slot = self.add_request([])
+        self._write(slot, start, block_ids)
+        return slot
+
+    def clear_leading(self, slot: int, start: int, stop: int) -> None:
+        """Point columns ``start .. stop`` of ``slot`` back at the dummy block."""
+        self._rows[slot, start:stop] = self.dummy_block_id
+        self._upload(slot, start, stop)
+
+
+@dataclass(slots=True)
+class _Row:
+    """What the groups know of one request; changed only by :class:`LayerGroups`."""
+
+    num_tokens: int  # tokens whose KV is written
+    num_registered: list[int]  # per group: leading full blocks registered (or hit)
+    num_released: list[int]  # per group: leading blocks given back (sliding window)
+    hashes: list[list[int]] = field(default_factory=list)  # per group: its chain hashes so far
+
+
+@dataclass(frozen=True, slots=True)
+class GroupHit:
+    """A prefix hit over every group, not yet taken.
+
+    Attributes:
+        num_blocks: full blocks of the prompt the hit covers.
+        block_ids: per group, the blocks it must hold: all ``num_blocks`` of
+            a full or indexer group, those inside the window of a sliding one.
+        first_block: per group, the prompt position of ``block_ids[g][0]``.
+    """
+
+    num_blocks: int
+    block_ids: tuple[np.ndarray, ...]
+    first_block: tuple[int, ...]
+
+
+class LayerGroups:
+    """Per-group allocators, KV storage and block tables, driven one request at a time.
+
+    Groups naming the same pool share one :class:`KVBlockAllocator` and one
+    :class:`KVCache` with as many layers as the largest of them: group layer
+    ``l`` is storage layer ``l``. Sharing is safe because a block belongs to
+    one group's request at a time; the groups' hashes differ (a group's
+    hashes are the request's chain hashes mixed with the group's position in
+    its pool), so one registry holds them all. Sliding-window groups register
+    each block as its own root (not chained), so a block out of the window
+    is an evictable leaf at once.
+
+    Methods: :meth:`longest_hit`, :meth:`admit`, :meth:`reserve`,
+    :meth:`commit`, :meth:`finish`, :meth:`blocks_of`; attributes
+    :attr:`allocators`, :attr:`kv_caches`, :attr:`tables` by group or pool name.
+
+    Not thread-safe.
+
+    Args:
+        specs: the groups, at least one, names unique.
+        num_blocks: blocks per pool (the dummy included), one int for all
+            pools or a mapping by pool name.
+        block_size: tokens per block, >= 1 (the same in every group).
+        max_requests, max_blocks_per_request: the block tables' size.
+        eviction_policy: the allocators' policy.
+        dtype, device: KV storage dtype and where everything lives.
+        kv_storage: build the KV tensors (False: bookkeeping only).
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[LayerGroupSpec],
+        *,
+        num_blocks: int | dict[str, int],
+        block_size: int,
+        max_requests: int,
+        max_blocks_per_request: int,
+        eviction_policy: PolicySpec = "lru",
+        dtype: torch.dtype = torch.float16,
+        device: str | torch.device | None = None,
+        kv_storage: bool = True,
+    ) -> None:
+        self.specs = tuple(specs)
+        if not self.specs or not all(isinstance(spec, LayerGroupSpec) for spec in self.specs):
+            raise ConfigError("specs must be a non-empty sequence of LayerGroupSpec")
+        if len({spec.name for spec in self.specs}) != len(self.specs):
+            raise ConfigError("layer group names must be unique")
+        self.block_size = _require_int("block_size", block_size, 1)
+        members: dict[str, list[LayerGroupSpec]] = {}
+        for spec in self.specs:
+            members.setdefault(spec.pool_name, []).append(spec)
+        for pool, groups in members.items():
+            if len({spec.kv_shape for spec in groups}) > 1:
+                raise ConfigError(f"groups sharing pool {pool!r} must have one KV shape")
+        self.allocators: dict[str, KVBlockAllocator] = {}
+        self.kv_caches: dict[str, KVCache] = {}
+        for pool, groups in members.items():
+            count = num_blocks.get(pool) if isinstance(num_blocks, dict) else num_blocks
+            allocator = KVBlockAllocator(
+                AllocatorConfig(
+                    total_count=_require_int(f"num_blocks[{pool!r}]", count, 2),
+                    block_size_tokens=self.block_size,
+                    eviction_policy=eviction_policy,
+                    device=device,
+                )
+            )
+            self.allocators[pool] = allocator
+            if kv_storage:
+                k_heads, k_dim, v_heads, v_dim = groups[0].kv_shape
+                layers = max(spec.num_layers for spec in groups)
+                self.kv_caches[pool] = KVCache(
+                    layers, allocator.total_count, self.block_size, k_heads, k_dim,
+                    v_heads=v_heads, v_head_dim=v_dim, dtype=dtype, device=allocator.pool.device,
+                )  # fmt: skip
+        # Per group: its allocator, its table, and its position in its pool (the hash tag).
+        self._allocator = [self.allocators[spec.pool_name] for spec in self.specs]
+        self._tag = [members[spec.pool_name].index(spec) for spec in self.specs]
+        self._table = [
+            _WindowedBlockTable.for_allocator(allocator, max_requests, max_blocks_per_request)
+            for allocator in self._allocator
+        ]
+        self.tables = {spec.name: self._table[g] for g, spec in enumerate(self.specs)}
+        self._rows: dict[int, _Row] = {}
+
+    # ------------------------------------------------------------------ hashing
+
+    def group_hashes(self, group: int, base_hashes: Sequence[int]) -> list[int]:
+        """Group ``group``'s hashes of a chain: the first group of a pool uses them as is.
+
+        Later groups of a shared pool mix each hash with their tag (XXH3-64 of
+        its bytes, seeded with the tag, folded to a positive 63-bit int), so
+        two groups never register the same hash in one registry.
+
+        Complexity: O(len(base_hashes)).
+        """
+        tag = self._tag[group]
+        if tag == 0:
+            return list(base_hashes)
+        mixed = []
+        for value in base_hashes:
+            raw = int(value).to_bytes(33, "little", signed=True)
+            mixed.append((xxhash.xxh3_64_intdigest(raw, seed=tag) & _MASK63) or 1)
+        return mixed
+
+    # ------------------------------------------------------------------ matching
+
+    def longest_hit(
+        self, base_hashes: Sequence[int], accept: Callable[[int], bool] | None = None
+    ) -> GroupHit:
+        """The longest prefix of ``base_hashes`` every group can serve (and ``accept`` allows).
+
+        Full and indexer groups need every block of the prefix registered;
+        sliding-window groups only the blocks inside the window at its end.
+        Takes no reference (:meth:`admit` does).
+
+        Args:
+            base_hashes: chain hashes of the prompt's full blocks.
+            accept: ``accept(j)`` says whether a hit of ``j`` blocks suits the
+                caller (a hybrid model: a state checkpoint ends there).
+
+        Complexity: O(matched blocks * groups), plus O(window blocks) per
+        candidate length tried.
+        """
+        hashes = [self.group_hashes(group, base_hashes) for group in range(len(self.specs))]
+        chains: dict[int, list[int]] = {}
+        longest = len(base_hashes)
+        for group, spec in enumerate(self.specs):
+            if spec.kind != "sliding_window":
+                matched = self._allocator[group].match_prefix(hashes[group]).tolist()
+                chains[group] = matched
+                longest = min(longest, len(matched))
+        for num_blocks in range(longest, 0, -1):
+            if accept is not None and not accept(num_blocks):
+                continue
+            hit = self._window_hit(num_blocks, hashes, chains)
+            if hit is not None:
+                return hit
+        empty = tuple(np.empty(0, dtype=np.int32) for _ in self.specs)
+        return GroupHit(0, empty, (0,) * len(self.specs))
+
+    def _window_hit(
+        self, num_blocks: int, hashes: list[list[int]], chains: dict[int, list[int]]
+    ) -> GroupHit | None:
+        block_ids: list[np.ndarray] = []
+        firsts: list[int] = []
+        for group, spec in enumerate(self.specs):
+            if spec.window is None:
+                block_ids.append(np.asarray(chains[group][:num_blocks], dtype=np.int32))
+                firsts.append(0)
+                continue
+            first = first_needed_block(num_blocks * self.block_size, spec.window, self.block_size)
+            allocator = self._allocator[group]
+            found = []
+            for block_hash in hashes[group][first:num_blocks]:
+                ids = allocator.match_prefix([block_hash])  # roots: one block each
+                if not len(ids):
+                    return None
+                found.append(int(ids[0]))
+            block_ids.append(np.asarray(found, dtype=np.int32))
+            firsts.append(first)
+        return GroupHit(num_blocks, tuple(block_ids), tuple(firsts))
+
+    # ------------------------------------------------------------------ requests
+
+    def admit(self, hit: GroupHit, base_hashes: Sequence[int]) -> int:
+        """Take ``hit``'s blocks for a new request and give it a row in every group's table.
+
+        Returns:
+            The request's slot (the same row in every table).
+
+        Raises:
+            CapacityError: no free row, or the hit overflows one.
+            InvalidArgumentError: ``hit`` covers more blocks than ``base_hashes``.
+
+        Complexity: O(hit blocks) per group.
+        """
+        if hit.num_blocks > len(base_hashes):
+            raise InvalidArgumentError(f"hit of {hit.num_blocks} blocks; {len(base_hashes)} hashes")
+        if not self._table[0].num_free_slots:
+            raise CapacityError(f"all {self._table[0].max_requests} request slots are in use")
+        if hit.num_blocks > self._table[0].max_blocks_per_request:
+            raise CapacityError(f"a hit of {hit.num_blocks} blocks overflows a table row")
+        slots = set()
+        for group, table in enumerate(self._table):
+            self._allocator[group].acquire_blocks(hit.block_ids[group])
+            slots.add(table.add_request_at(hit.first_block[group], hit.block_ids[group]))
+        if len(slots) != 1:
+            raise InvariantError(f"group tables handed out different rows {sorted(slots)}")
+        slot = slots.pop()
+        num = len(self.specs)
+        self._rows[slot] = _Row(
+            num_tokens=hit.num_blocks * self.block_size,
+            num_registered=[hit.num_blocks] * num,
+            num_released=list(hit.first_block),
+            hashes=[self.group_hashes(g, base_hashes[: hit.num_blocks]) for g in range(num)],
+        )
+        return slot
+
+    def reserve(self, slot: int, num_tokens: int) -> bool:
+        """Give the request in ``slot`` blocks for its first ``num_tokens`` tokens in every group.
+
+        All or nothing across pools: returns False, and nothing changes, when
+        some pool cannot supply its groups' blocks even by eviction.
+
+        Raises:
+            InvalidArgumentError: no such request, or a bad count.
+            CapacityError: a row would overflow ``max_blocks_per_request``.
+
+        Complexity: O(new blocks), plus O(log n) per evicted block.
+        """
+        self._row(slot)
+        num_tokens = _require_int("num_tokens", num_tokens, 0)
+        wanted = -(-num_tokens // self.block_size)
+        needs = [max(0, wanted - table.num_blocks(slot)) for table in self._table]
+        for group, table in enumerate(self._table):
+            if needs[group] and table.num_blocks(slot) + needs[group] > (
+                table.max_blocks_per_request
+            ):
+                raise CapacityError(f"slot {slot} would need {wanted} blocks in a row")
+        per_pool: dict[str, int] = {}
+        for spec, need in zip(self.specs, needs, strict=True):
+            per_pool[spec.pool_name] = per_pool.get(spec.pool_name, 0) + need
+        if not all(self.allocators[pool].is_memory_available(n) for pool, n in per_pool.items()):
+            return False
+        for group, need in enumerate(needs):
+            if need:
+                block_ids = self._allocator[group].allocate_memory_blocks(need)
+                if block_ids is None:  # counted above: cannot happen
+                    raise InvariantError(f"pool of group {self.specs[group].name!r} ran short")
+                self._table[group].append_blocks(slot, block_ids)
+        return True
+
+    def commit(self, slot: int, num_tokens: int, base_hashes: Sequence[int]) -> None:
+        """Record that the KV of the first ``num_tokens`` tokens is written in every group.
+
+        Registers each newly full block under its hash (chained in full and
+        indexer groups, one root per block in sliding-window groups), then
+        gives back the sliding-window blocks now outside their window.
+
+        Args:
+            slot: the request.
+            num_tokens: tokens written so far, not fewer than before and
+                within the reserved blocks.
+            base_hashes: chain hashes of the request's full blocks so far (at
+                least ``num_tokens // block_size`` of them).
+
+        Raises:
+            InvalidArgumentError: no such request, a count out of range, or
+                too few hashes.
+
+        Complexity: O(new full blocks + released blocks) per group.
+        """
+        row = self._row(slot)
+        num_tokens = _require_int("num_tokens", num_tokens, row.num_tokens)
+        if -(-num_tokens // self.block_size) > self._table[0].num_blocks(slot):
+            raise InvalidArgumentError(f"{num_tokens} tokens exceed slot {slot}'s reserved blocks")
+        num_full = num_tokens // self.block_size
+        if len(base_hashes) < num_full:
+            raise InvalidArgumentError(f"{num_full} full blocks but {len(base_hashes)} hashes")
+        for group, spec in enumerate(self.specs):
+            start = row.num_registered[group]
+            if num_full > start:
+                row.hashes[group].extend(self.group_hashes(group, base_hashes[start:num_full]))
+                self._register(group, slot, row, start, num_full)
+                row.num_registered[group] = num_full
+            if spec.window is not None:
+                first = first_needed_block(num_tokens, spec.window, self.block_size)
+                self._release_leading(group, slot, row, first)
+        row.num_tokens = num_tokens
+
+    def _register(self, group: int, slot: int, row: _Row, start: int, stop: int) -> None:
+        allocator = self._allocator[group]
+        blocks = self._table[group].blocks_of(slot)
+        hashes = row.hashes[group]
+        if self.specs[group].window is not None:
+            for index in range(start, stop):
+                allocator.register_kv_block_hashes(blocks[index : index + 1], [hashes[index]])
+            return
+        parent = hashes[start - 1] if start else None
+        if parent is not None and not allocator.is_hash_registered(parent):
+            start, parent = 0, None  # the parent was evicted: register from the root
+        allocator.register_kv_block_hashes(
+            blocks[start:stop], hashes[start:stop], parent_hash=parent
+        )
+
+    def _release_leading(self, group: int, slot: int, row: _Row, stop: int) -> None:
+        start = row.num_released[group]
+        if stop <= start:
+            return
+        blocks = self._table[group].blocks_of(slot)[start:stop]
+        self._allocator[group].release_memory_blocks(blocks)
+        self._table[group].clear_leading(slot, start, stop)
+        row.num_released[group] = stop
+
+    def finish(self, slot: int) -> None:
+        """Release every block the request in ``slot`` holds and free its rows.
+
+        Raises:
+            InvalidArgumentError: no such request.
+
+        Complexity: O(blocks held).
+        """
+        row = self._row(slot)
+        for group, table in enumerate(self._table):
+            held = table.remove_request(slot)[row.num_released[group] :]
+            self._allocator[group].release_memory_blocks(held)
+        del self._rows[slot]
+
+    # ------------------------------------------------------------------ queries
+
+    def blocks_of(self, group: str, slot: int) -> torch.Tensor:
+        """Group ``group``'s row of ``slot`` (the dummy block where given back).
+
+        Raises:
+            InvalidArgumentError: unknown group or no such request.
+
+        Complexity: O(blocks of the request).
+        """
+        if group not in self.tables:
+            raise InvalidArgumentError(f"unknown layer group {group!r}")
+        self._row(slot)
+        return self.tables[group].blocks_of(slot)
+
+    def num_tokens(self, slot: int) -> int:
+        """Tokens whose KV the request in ``slot`` has written. O(1)."""
+        return self._row(slot).num_tokens
+
+    def num_held_blocks(self) -> dict[str, int]:
+        """Blocks held by requests now, per group (sliding windows hold fewer). O(requests)."""
+        counts = {}
+        for group, spec in enumerate(self.specs):
+            table = self._table[group]
+            counts[spec.name] = sum(
+                table.num_blocks(slot) - row.num_released[group] for slot, row in self._rows.items()
+            )
+        return counts
+
+    def check_invariants(self) -> None:
+        """Each allocator's invariants, and every held block holding a reference.
+
+        Raises:
+            InvariantError: the first problem found.
+
+        Complexity: O(total blocks + blocks held).
+        """
+        for allocator in self.allocators.values():
+            allocator.check_invariants()
+        for slot, row in self._rows.items():
+            for group, table in enumerate(self._table):
+                held = table.blocks_of(slot)[row.num_released[group] :]
+                dummy = table.dummy_block_id
+                if len(held) and bool((held == dummy).any()):
+                    raise InvariantError(f"slot {slot} holds the dummy block in group {group}")
+                if len(held):
+                    active, _ = self._allocator[group].reference_counts(held)
+                    if bool((active < 1).any()):
+                        raise InvariantError(f"slot {slot} holds an unreferenced block")
+
+    def _row(self, slot: object) -> _Row:
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+            raise InvalidArgumentError(f"slot must be an int, got {slot!r}")
+        row = self._rows.get(int(slot))
+        if row is None:
+            raise InvalidArgumentError(f"slot {slot} holds no request")
+        return row
+
+
+__all__ = [
+    "GROUP_KINDS",
+    "GroupHit",
+    "LayerGroupSpec",
+    "LayerGroups",
+    "first_needed_block",
+]
