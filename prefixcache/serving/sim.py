@@ -47,6 +47,7 @@ import torch
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.config import AllocatorConfig, PolicySpec
 from prefixcache.engine.hashing import compute_block_hashes
+from prefixcache.engine.pool import resolve_device
 from prefixcache.errors import (
     BudgetExceededError,
     CapacityError,
@@ -56,6 +57,13 @@ from prefixcache.errors import (
 )
 from prefixcache.serving.block_table import BlockTable
 from prefixcache.serving.kv_cache import KVCache
+from prefixcache.serving.model import TinyDecoder
+from prefixcache.serving.model_serving import (
+    RequestOutput,
+    StepEntry,
+    build_paged_batch,
+    logits_tolerance,
+)
 from prefixcache.serving.trace import trace_block_hashes
 
 VOCAB_SIZE = 1 << 15
@@ -77,6 +85,18 @@ def _require_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
+
+
+def _same_device(first: torch.device, second: torch.device) -> bool:
+    """Whether two devices are one (``cuda`` and ``cuda:0`` are, with one GPU current)."""
+    if first.type != second.type:
+        return False
+    if first.type != "cuda":
+        return True
+    current = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    return (first.index if first.index is not None else current) == (
+        second.index if second.index is not None else current
+    )
 
 
 # ---------------------------------------------------------------------- inputs
@@ -193,8 +213,13 @@ class SimConfig:
         max_blocks_per_request: block-table columns.
         step_token_budget: tokens computed per step, decodes first, then prefill chunks.
         device: where the allocator's and block table's device mirrors live.
-        verify: write reference K/V and check every prefix hit against it.
+        verify: write reference K/V and check every prefix hit against it (with a
+            model: check the K/V of every hit against the dense forward's).
         kv_events_capacity: passed to the allocator (0: no KV cache events).
+        enable_prefix_caching: False turns prefix reuse off (nothing matches), for
+            comparing a run with caching against one without.
+        record_logits: with a model, keep the logits of every generated token in
+            :attr:`DynamicBatchingSim.outputs` (one ``[vocab]`` row each, on the CPU).
     """
 
     total_count: int = 1024
@@ -207,6 +232,8 @@ class SimConfig:
     device: str | None = "cpu"
     verify: bool = False
     kv_events_capacity: int = 0
+    enable_prefix_caching: bool = True
+    record_logits: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -219,8 +246,9 @@ class SimConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.verify, bool):
-            raise ConfigError(f"verify must be a bool, got {self.verify!r}")
+        for name in ("verify", "enable_prefix_caching", "record_logits"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
 
 # ---------------------------------------------------------------------- reports
@@ -324,6 +352,14 @@ class _Sequence:
     num_computed: int = 0  # tokens whose KV is in the cache (written or hit)
     num_registered: int = 0  # leading full blocks already handed to register_kv_block_hashes
     slot: int = -1  # BlockTable row while admitted
+    # Model mode only: every token so far, the greedy choice for the next one, the
+    # logits of each generated token (when recorded), each token's routed experts
+    # ([input + output tokens, 1, top_k] int64) and the prompt tokens the cache served.
+    tokens: list[int] | None = None
+    next_token: int = -1
+    logits: list[torch.Tensor] | None = None
+    routing: np.ndarray | None = None
+    num_cached: int = 0
 
     @property
     def is_prefilling(self) -> bool:
@@ -335,12 +371,25 @@ class _Sequence:
 
 
 class DynamicBatchingSim:
-    """The reference loop: one allocator, one block table, optionally a KV cache.
+    """The reference loop: one allocator, one block table, optionally a KV cache and a model.
 
     Call :meth:`submit` for each request, then :meth:`step` until
     :attr:`is_done`; :meth:`report` sums the steps. :func:`run` does all three.
     The allocator, table and cache are public attributes so tests and users can
     inspect them between steps (``sim.allocator.check_invariants()``).
+
+    **Model mode** (``model=`` a :class:`~prefixcache.serving.model.TinyDecoder`):
+    each step runs one paged forward over the step's decode tokens and prefill
+    chunks, reading and writing K/V through the KV cache by the block table's
+    IDs; decoding is greedy (the first generated token comes from the prompt's
+    last position, each decode step feeds the previous choice). The MoE routing
+    of every computed token is stored per block in the allocator, and a prefix
+    hit replays the stored routing for the tokens it skips. Each finished
+    request leaves a :class:`~prefixcache.serving.model_serving.RequestOutput`
+    in :attr:`outputs`, which
+    :func:`~prefixcache.serving.model_serving.compare_with_reference` checks
+    against the dense forward. Trace requests get synthetic prompt tokens
+    (modulo the vocabulary), a function of their block hashes as before.
 
     Not thread-safe.
 
@@ -348,16 +397,33 @@ class DynamicBatchingSim:
         config: sizes and knobs.
         kv_cache: where K/V is written; ``None`` writes nothing, unless
             ``config.verify`` asks for a small float32 CPU cache
-            (2 layers, 2 heads, head_dim 4). Must have ``config.total_count``
-            blocks of ``config.block_size`` tokens.
+            (2 layers, 2 heads, head_dim 4), or a model is given (then a cache
+            shaped for the model, on its device). Must have
+            ``config.total_count`` blocks of ``config.block_size`` tokens.
+        model: serve this model (see above); ``config.device`` must be its device.
 
     Raises:
-        ConfigError: inconsistent sizes.
+        ConfigError: inconsistent sizes, or a model on another device than
+            ``config.device`` or with a cache it cannot use.
     """
 
-    def __init__(self, config: SimConfig | None = None, *, kv_cache: KVCache | None = None) -> None:
+    def __init__(
+        self,
+        config: SimConfig | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        model: TinyDecoder | None = None,
+    ) -> None:
         self.config = config = config or SimConfig()
         paused_count = config.paused_count
+        if model is not None:
+            if not isinstance(model, TinyDecoder):
+                raise ConfigError(f"model must be a TinyDecoder, got {type(model).__name__}")
+            if not _same_device(resolve_device(config.device), model.device):
+                raise ConfigError(
+                    f"the model is on {model.device}; config.device is {config.device!r}"
+                )
+        self.model = model
         self.allocator = KVBlockAllocator(
             AllocatorConfig(
                 total_count=config.total_count,
@@ -366,12 +432,21 @@ class DynamicBatchingSim:
                 eviction_policy=config.eviction_policy,
                 device=config.device,
                 kv_events_capacity=config.kv_events_capacity,
+                enable_prefix_caching=config.enable_prefix_caching,
+                # Model mode: one MoE layer's top-k experts per token, stored per block.
+                routing_num_layers=None if model is None else 1,
+                routing_top_k=None if model is None else model.config.top_k,
+                routing_num_experts=None if model is None else model.config.num_experts,
             )
         )
         self.block_table = BlockTable.for_allocator(
             self.allocator, config.max_requests, config.max_blocks_per_request
         )
-        if kv_cache is None and config.verify:
+        if model is not None:
+            if kv_cache is None:
+                kv_cache = model.new_kv_cache(config.total_count, config.block_size)
+            model.check_kv_cache(kv_cache)
+        elif kv_cache is None and config.verify:
             kv_cache = KVCache(
                 2, config.total_count, config.block_size, 2, 4, dtype=torch.float32, device="cpu"
             )
@@ -391,6 +466,8 @@ class DynamicBatchingSim:
         self._clock = 0
         self._num_requests = 0
         self._steps: list[StepReport] = []
+        # Model mode: what each finished request produced, in finish order.
+        self.outputs: list[RequestOutput] = []
 
     # ------------------------------------------------------------------ public
 
@@ -398,12 +475,21 @@ class DynamicBatchingSim:
         """Queue ``request``; it joins the waiting queue at its ``arrival_step``.
 
         Raises:
-            InvalidArgumentError: block hashes that do not cover the prompt's full blocks.
+            InvalidArgumentError: block hashes that do not cover the prompt's full
+                blocks; in model mode, a prompt token outside the vocabulary.
             CapacityError: the request could never fit (more blocks than a
                 table row or the active budget holds).
 
         Complexity: O(prompt tokens), to hash the prompt.
         """
+        if self.model is not None and request.prompt_tokens is not None:
+            vocab_size = self.model.config.vocab_size
+            bad = [token for token in request.prompt_tokens if not 0 <= token < vocab_size]
+            if bad:
+                raise InvalidArgumentError(
+                    f"request {request.request_id!r}: token {bad[0]} is outside the model's "
+                    f"vocabulary [0, {vocab_size})"
+                )
         block_size = self.config.block_size
         needed = -(-(request.input_length + request.output_length) // block_size)
         limit = min(self.config.max_blocks_per_request, self.allocator.active_count)
@@ -445,9 +531,12 @@ class DynamicBatchingSim:
         if not self._paused:  # paused requests go first; new ones would take their room
             self._admit_waiting(events)
         writes: list[tuple[_Sequence, int, int]] = []  # (sequence, first, last + 1) tokens
-        budget = self.config.step_token_budget - self._decode(events, writes)
-        self._prefill(budget, events, writes)
-        self._write_kv(writes)
+        num_decode = self._decode(events, writes)
+        self._prefill(self.config.step_token_budget - num_decode, events, writes)
+        if self.model is not None:
+            self._run_model(writes, num_decode)
+        else:
+            self._write_kv(writes)
         for sequence, _, _ in writes:
             self._register_computed_blocks(sequence)
         events["num_finished"] = self._finish()
@@ -503,21 +592,31 @@ class DynamicBatchingSim:
             # equal tokens. Full blocks need them only when K/V is written.
             num_tail = request.input_length - num_full * block_size
             tail_tokens = [_synthetic_token(given[-1] if given else 0, i) for i in range(num_tail)]
+            if self.model is not None:  # synthetic tokens must be in the model's vocabulary
+                tail_tokens = [token % self.model.config.vocab_size for token in tail_tokens]
             tokens = []
             if self.kv_cache is not None:
                 tokens = [_synthetic_token(h, i) for h in block_hashes for i in range(block_size)]
+                if self.model is not None:
+                    tokens = [token % self.model.config.vocab_size for token in tokens]
             tokens += tail_tokens
-        token_hashes = None
-        if self.kv_cache is not None:
-            token_hashes = compute_block_hashes(tokens, 1)
-        return _Sequence(
+        sequence = _Sequence(
             request,
             block_hashes,
             tail_tokens,
-            token_hashes,
+            None,
             num_tokens=request.input_length,
             prompt_length=request.input_length,
         )
+        if self.model is None:
+            if self.kv_cache is not None:
+                sequence.token_hashes = compute_block_hashes(tokens, 1)
+        else:
+            total = request.input_length + request.output_length
+            sequence.tokens = tokens
+            sequence.logits = [] if self.config.record_logits else None
+            sequence.routing = np.zeros((total, 1, self.model.config.top_k), dtype=np.int64)
+        return sequence
 
     def _arrive(self) -> None:
         if self._arrivals and not (self._waiting or self._running or self._paused):
@@ -545,10 +644,27 @@ class DynamicBatchingSim:
             return False
         if self.config.verify and len(hit_ids):
             self._check_hit(sequence, hit_ids)
+        if self.model is not None:
+            self._replay_routing(sequence, hit_ids)
         sequence.slot = self.block_table.add_request(torch.cat([hit_ids, new_ids]))
         sequence.num_computed = len(hit_ids) * block_size
         sequence.num_registered = len(hit_ids)
         return True
+
+    def _replay_routing(self, sequence: _Sequence, hit_ids: torch.Tensor) -> None:
+        """Copy the stored routing of the prefix-hit tokens into the request's routing."""
+        num_tokens = len(hit_ids) * self.config.block_size
+        sequence.num_cached = num_tokens
+        if not num_tokens:
+            return
+        routing = self.allocator.reconstruct_routing_from_blocks(hit_ids, num_tokens)
+        if routing is None:
+            raise InvariantError(
+                f"request {sequence.request.request_id!r}: prefix hit on blocks "
+                f"{hit_ids.tolist()} whose routing is not all stored"
+            )
+        assert sequence.routing is not None  # kept in model mode
+        sequence.routing[:num_tokens] = routing.numpy()
 
     def _pause(self, sequence: _Sequence, events: dict[str, int]) -> None:
         self._running.remove(sequence)
@@ -593,6 +709,8 @@ class DynamicBatchingSim:
         with self.allocator.free_group():
             for sequence in finished:
                 self.allocator.release_memory_blocks(self.block_table.remove_request(sequence.slot))
+        if self.model is not None:
+            self.outputs += [self._output_of(sequence) for sequence in finished]
         self._running = [sequence for sequence in self._running if not sequence.is_finished]
         return len(finished)
 
@@ -611,8 +729,12 @@ class DynamicBatchingSim:
                     self._pause(sequence, events)
                     continue
                 self.block_table.append_blocks(sequence.slot, new_ids)
-            seed = sequence.block_hashes[-1] if sequence.block_hashes else 0
-            self._append_token(sequence, _synthetic_token(seed, position))
+            if self.model is not None:
+                token = sequence.next_token  # chosen by the step that computed the last token
+            else:
+                seed = sequence.block_hashes[-1] if sequence.block_hashes else 0
+                token = _synthetic_token(seed, position)
+            self._append_token(sequence, token)
             sequence.num_generated += 1
             sequence.num_computed += 1
             writes.append((sequence, position, position + 1))
@@ -621,6 +743,8 @@ class DynamicBatchingSim:
 
     def _append_token(self, sequence: _Sequence, token: int) -> None:
         sequence.tail_tokens.append(token)
+        if sequence.tokens is not None:
+            sequence.tokens.append(token)
         sequence.num_tokens += 1
         if sequence.token_hashes is not None:
             prefix_hash = sequence.token_hashes[-1]
@@ -651,6 +775,9 @@ class DynamicBatchingSim:
         start = sequence.num_registered
         if num_full <= start:
             return
+        if not self.config.enable_prefix_caching:  # nothing would register
+            sequence.num_registered = num_full
+            return
         parent = sequence.block_hashes[start - 1] if start else None
         # An eviction can deregister the chain above blocks we hold (the allocator drops
         # a pinned subtree when its policy has no leaves; ref_zero drops on release), and
@@ -663,6 +790,132 @@ class DynamicBatchingSim:
             block_ids, sequence.block_hashes[start:num_full], parent_hash=parent
         )
         sequence.num_registered = num_full
+
+    # ------------------------------------------------------------------ the model
+
+    def _run_model(self, writes: list[tuple[_Sequence, int, int]], num_decode: int) -> None:
+        """One paged forward over the step's tokens (decodes first), then keep what it chose.
+
+        The forward reads nothing back; the step then copies the chosen tokens and
+        the routing to the host once, stores the routing per block, and sets each
+        request's next token.
+        """
+        if not writes:
+            return
+        assert self.model is not None and self.kv_cache is not None  # model mode builds both
+        entries = []
+        for sequence, start, stop in writes:
+            assert sequence.tokens is not None
+            wants_logits = (
+                stop == sequence.num_tokens
+                and sequence.num_generated < sequence.request.output_length
+            )
+            entries.append(
+                StepEntry(sequence.slot, start, stop, sequence.tokens[start:stop], wants_logits)
+            )
+        plan = build_paged_batch(
+            entries[:num_decode],
+            entries[num_decode:],
+            self.block_table,
+            self.config.block_size,
+            self.model.device,
+        )
+        output = self.model.forward_paged(plan.batch, self.kv_cache)
+        next_tokens = output.logits.argmax(dim=-1).cpu().tolist()  # the step's one wait
+        routing = output.routing.cpu().numpy()
+        self.allocator.store_routing_per_block(routing, plan.block_ids, plan.offsets)
+        row = 0
+        for sequence, start, stop in writes:
+            assert sequence.routing is not None
+            sequence.routing[start:stop] = routing[row : row + stop - start]
+            row += stop - start
+        logits = output.logits.cpu() if self.config.record_logits else None
+        for index, entry in enumerate(plan.logit_entries):
+            sequence = writes[entry][0]
+            sequence.next_token = next_tokens[index]
+            if sequence.logits is not None and logits is not None:
+                del sequence.logits[sequence.num_generated :]  # recomputed after a requeue
+                sequence.logits.append(logits[index])
+
+    def _output_of(self, sequence: _Sequence) -> RequestOutput:
+        assert self.model is not None and sequence.tokens is not None
+        assert sequence.routing is not None
+        prompt_length = sequence.request.input_length
+        logits = None
+        if sequence.logits is not None:
+            vocab_size = self.model.config.vocab_size
+            logits = torch.stack(sequence.logits) if sequence.logits else torch.empty(0, vocab_size)
+        return RequestOutput(
+            request_id=sequence.request.request_id,
+            prompt_tokens=tuple(sequence.tokens[:prompt_length]),
+            tokens=tuple(sequence.tokens[prompt_length:]),
+            routing=sequence.routing[: sequence.num_tokens].copy(),
+            logits=logits,
+            num_cached_tokens=sequence.num_cached,
+        )
+
+    def _check_hit_against_model(self, sequence: _Sequence, hit_ids: torch.Tensor) -> None:
+        """Compare the K/V of prefix-hit blocks with the dense forward's, within tolerance."""
+        assert self.model is not None and self.kv_cache is not None
+        assert sequence.tokens is not None
+        num_tokens = len(hit_ids) * self.config.block_size
+        dense = self.model.forward_dense(torch.tensor(sequence.tokens[:num_tokens]))
+        tolerance = logits_tolerance(self.model.dtype)
+        for layer in range(self.kv_cache.num_layers):
+            cached_kv = self.kv_cache.gather(layer, hit_ids)
+            fresh_kv = (dense.keys[layer], dense.values[layer])
+            for name, cached, fresh in zip("KV", cached_kv, fresh_kv, strict=True):
+                error = (cached - fresh).abs().reshape(num_tokens, -1).amax(dim=1)
+                wrong = error > tolerance
+                if wrong.any():
+                    self._raise_wrong_hit(sequence, hit_ids, wrong, name, layer)
+
+    def _raise_wrong_hit(
+        self, sequence: _Sequence, hit_ids: torch.Tensor, wrong: torch.Tensor, name: str, layer: int
+    ) -> None:
+        position = int(wrong.nonzero()[0, 0])
+        block_id = int(hit_ids[position // self.config.block_size])
+        raise InvariantError(
+            f"request {sequence.request.request_id!r}: prefix hit on block "
+            f"{block_id} serves wrong {name} at token {position} (offset "
+            f"{position % self.config.block_size} in the block), layer {layer}"
+        )
+
+    def corrupt_block_kv(self, block_id: int, *, seed: int = 0) -> None:
+        """Test hook: overwrite ``block_id``'s K and V in every layer with seeded noise.
+
+        For showing that the checks can fail: a later prefix hit on the block
+        serves K/V that no forward computed, which ``verify`` reports at the hit
+        and :func:`~prefixcache.serving.model_serving.compare_with_reference`
+        reports in the outputs. Changes nothing but the cache.
+
+        Raises:
+            ConfigError: the loop has no KV cache.
+            InvalidArgumentError: ``block_id`` is not a usable block ID.
+
+        Complexity: O(layers * block_size * K/V width).
+        """
+        cache = self.kv_cache
+        if cache is None:
+            raise ConfigError("the loop has no KV cache to corrupt")
+        block_id = _require_int("block_id", block_id, 0)
+        if block_id >= self.allocator.dummy_block_id:
+            raise InvalidArgumentError(
+                f"block_id {block_id} is not below the dummy block {self.allocator.dummy_block_id}"
+            )
+        generator = torch.Generator().manual_seed(seed)
+        size = cache.block_size
+        for layer in range(cache.num_layers):
+            k, v = (
+                (torch.randn((size, heads, dim), generator=generator) * 10).to(
+                    cache.device, cache.dtype
+                )
+                for heads, dim in (
+                    (cache.k_heads, cache.k_head_dim),
+                    (cache.v_heads, cache.v_head_dim),
+                )
+            )
+            cache.write(layer, [block_id] * size, list(range(size)), k, v)
 
     # ------------------------------------------------------------------ K/V
 
@@ -687,6 +940,9 @@ class DynamicBatchingSim:
 
     def _check_hit(self, sequence: _Sequence, hit_ids: torch.Tensor) -> None:
         """Compare the K/V of prefix-hit blocks with freshly computed values."""
+        if self.model is not None:
+            self._check_hit_against_model(sequence, hit_ids)
+            return
         cache = self.kv_cache
         assert cache is not None and sequence.token_hashes is not None  # verify builds both
         num_tokens = len(hit_ids) * self.config.block_size
@@ -698,13 +954,7 @@ class DynamicBatchingSim:
             ):
                 wrong = (cached != fresh).reshape(num_tokens, -1).any(dim=1)
                 if wrong.any():
-                    position = int(wrong.nonzero()[0, 0])
-                    block_id = int(hit_ids[position // self.config.block_size])
-                    raise InvariantError(
-                        f"request {sequence.request.request_id!r}: prefix hit on block "
-                        f"{block_id} serves wrong {name} at token {position} (offset "
-                        f"{position % self.config.block_size} in the block), layer {layer}"
-                    )
+                    self._raise_wrong_hit(sequence, hit_ids, wrong, name, layer)
 
 
 def _reference_kv(
