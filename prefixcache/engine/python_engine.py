@@ -11,18 +11,11 @@ from prefixcache.engine.journal import PolicyJournal
 from prefixcache.engine.partitions import PartitionLedger
 from prefixcache.engine.pool import BlockPool
 from prefixcache.engine.references import ReferenceTable, count_occurrences
-from prefixcache.engine.registration import (
-    check_hash_assignment,
-    is_fresh_chain,
-    new_runs,
-    num_holding_own_hash,
-    plan_registration,
-    planned_depths,
-)
+from prefixcache.engine.registration import Registrar
 from prefixcache.engine.registry import ROOT, HashRegistry
 from prefixcache.engine.types import NO_HASH
-from prefixcache.errors import BlockStateError, HashConflictError
-from prefixcache.policies import EvictionPolicy, ObservesRegistrations
+from prefixcache.errors import BlockStateError
+from prefixcache.policies import EvictionPolicy
 
 _EMPTY_FREED = np.empty(0, dtype=np.int32)
 
@@ -62,9 +55,6 @@ class PythonEngine:
     ) -> None:
         self.policy = policy
         self.retains_unreferenced = bool(policy.retains_unreferenced)
-        self._observe_registration = (
-            policy.on_register if isinstance(policy, ObservesRegistrations) else None
-        )
         self.pool = BlockPool(total_count, device)
         self.num_usable = total_count - 1
         self.registry = HashRegistry(total_count)
@@ -80,6 +70,9 @@ class PythonEngine:
             self.refs.last_access,
             self.num_usable,
             self.leaf_args,
+        )
+        self.registrar = Registrar(
+            self.registry, self.refs, policy, self.retains_unreferenced, self._discard_leaves
         )
         self._track_changes = track_changes
         self._freed: list[np.ndarray] = []
@@ -340,71 +333,14 @@ class PythonEngine:
     def register(
         self, block_ids: np.ndarray, block_hashes: list[int], parent_hash: int | None
     ) -> tuple[np.ndarray, np.ndarray]:
-        ids, hashes, registry = block_ids, block_hashes, self.registry
-        unreferenced = self.refs.is_unreferenced(ids)
+        unreferenced = self.refs.is_unreferenced(block_ids)
         if unreferenced.any():
-            block_id = int(ids[unreferenced][0])
+            block_id = int(block_ids[unreferenced][0])
             raise BlockStateError(
                 f"block {block_id} ({self.describe_state(block_id)}) is not referenced; "
                 "register blocks while a request holds them"
             )
-        id_list = ids.tolist()
-        parent_id = ROOT
-        if parent_hash is not None:
-            holder = registry.block_of(parent_hash)
-            if holder is None:
-                raise HashConflictError(f"parent hash {parent_hash} is not registered")
-            parent_id = holder
-        # The common call: a matched prefix that holds its hashes, then fresh blocks.
-        held = num_holding_own_hash(registry, id_list, hashes)
-        if held:
-            parent_id = id_list[held - 1]
-        if held == len(id_list) or is_fresh_chain(
-            registry, ids[held:], id_list[held:], hashes[held:]
-        ):
-            new = np.zeros(len(id_list), dtype=bool)
-            if held < len(id_list):
-                self._register_fresh_chain(ids[held:], id_list[held:], hashes[held:], parent_id)
-                new[held:] = True
-            return np.ones(len(id_list), dtype=bool), new
-        check_hash_assignment(registry, id_list, hashes)
-        holders, new_list = plan_registration(registry, id_list, hashes)
-        parents = [parent_id, *holders[:-1]]
-        if self._observe_registration is not None:
-            depths = planned_depths(registry, id_list, parents, new_list)
-            for first, run in new_runs(new_list, hashes):
-                self._observe_registration(run, depths[id_list[first]])
-        gaining_child = dict.fromkeys(parents[i] for i in range(len(new_list)) if new_list[i])
-        self._discard_leaves([p for p in gaining_child if self._is_tracked_leaf(p)])
-        for index, (block_id, block_hash) in enumerate(zip(id_list, hashes, strict=True)):
-            if new_list[index]:
-                registry.register(block_id, block_hash, parents[index])
-                # A block's cache life starts here: allocation leaves these untouched.
-                self.refs.last_access[block_id] = self._clock
-                self.refs.num_accesses[block_id] = 1
-        return np.asarray(holders) == ids, np.array(new_list, dtype=bool)
-
-    def _register_fresh_chain(
-        self, ids: np.ndarray, id_list: list[int], hashes: list[int], parent_id: int
-    ) -> None:
-        if self._observe_registration is not None:
-            first_depth = 0 if parent_id == ROOT else self.registry.depth_of[parent_id] + 1
-            self._observe_registration(hashes, int(first_depth))
-        if self._is_tracked_leaf(parent_id):
-            self.policy.discard(parent_id)  # the only fallible call: before any change
-        self.registry.register_chain(ids, id_list, hashes, parent_id)
-        self.refs.last_access[ids] = self._clock
-        self.refs.num_accesses[ids] = 1
-
-    def _is_tracked_leaf(self, block_id: int) -> bool:
-        """Whether ``block_id`` is a cached leaf, i.e. tracked by the policy."""
-        return (
-            block_id != ROOT
-            and self.retains_unreferenced
-            and self.registry.num_children[block_id] == 0
-            and self.refs.active[block_id] == 0
-            and self.refs.paused[block_id] == 0
-        )
+        return self.registrar.register(block_ids, block_hashes, parent_hash, self._clock)
 
     def block_of(self, block_hash: int) -> int | None:
         return self.registry.block_of(block_hash)

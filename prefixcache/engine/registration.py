@@ -11,11 +11,15 @@ and write its own state last.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from prefixcache.engine.references import ReferenceTable
 from prefixcache.engine.registry import ROOT, HashRegistry
 from prefixcache.engine.types import NO_HASH
 from prefixcache.errors import HashConflictError
+from prefixcache.policies import EvictionPolicy, ObservesRegistrations
 
 
 def num_holding_own_hash(registry: HashRegistry, id_list: list[int], hashes: list[int]) -> int:
@@ -109,3 +113,109 @@ def new_runs(new: list[bool], hashes: list[int]) -> list[tuple[int, list[int]]]:
             else:
                 runs.append((index, [block_hash]))
     return runs
+
+
+class Registrar:
+    """Commits registrations into the registry, telling the policy what changes.
+
+    Validation of references is the engine's; this plans (with the functions
+    above), makes the fallible policy calls (a parent that gains a child stops
+    being a cached leaf; the optional ``on_register`` hook), then writes the
+    registry and the blocks' access history.
+
+    Args:
+        registry: the engine's hash registry.
+        refs: the engine's reference table (access history is written here).
+        policy: the eviction policy.
+        retains_unreferenced: False in ref-zero mode (no leaf is tracked).
+        discard_leaves: takes cached leaves out of the policy, all or none.
+    """
+
+    def __init__(
+        self,
+        registry: HashRegistry,
+        refs: ReferenceTable,
+        policy: EvictionPolicy,
+        retains_unreferenced: bool,
+        discard_leaves: Callable[[list[int]], None],
+    ) -> None:
+        self._registry = registry
+        self._refs = refs
+        self._policy = policy
+        self._retains_unreferenced = retains_unreferenced
+        self._discard_leaves = discard_leaves
+        self._observe_registration = (
+            policy.on_register if isinstance(policy, ObservesRegistrations) else None
+        )
+
+    def register(
+        self, block_ids: np.ndarray, block_hashes: list[int], parent_hash: int | None, clock: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Register a chain of referenced blocks at clock ``clock``; see ``EngineCore.register``.
+
+        Returns:
+            ``(holds, new)`` per position.
+
+        Raises:
+            HashConflictError: see ``EngineCore.register``.
+        """
+        ids, hashes, registry = block_ids, block_hashes, self._registry
+        id_list = ids.tolist()
+        parent_id = ROOT
+        if parent_hash is not None:
+            holder = registry.block_of(parent_hash)
+            if holder is None:
+                raise HashConflictError(f"parent hash {parent_hash} is not registered")
+            parent_id = holder
+        # The common call: a matched prefix that holds its hashes, then fresh blocks.
+        held = num_holding_own_hash(registry, id_list, hashes)
+        if held:
+            parent_id = id_list[held - 1]
+        if held == len(id_list) or is_fresh_chain(
+            registry, ids[held:], id_list[held:], hashes[held:]
+        ):
+            new = np.zeros(len(id_list), dtype=bool)
+            if held < len(id_list):
+                self._register_fresh_chain(
+                    ids[held:], id_list[held:], hashes[held:], parent_id, clock
+                )
+                new[held:] = True
+            return np.ones(len(id_list), dtype=bool), new
+        check_hash_assignment(registry, id_list, hashes)
+        holders, new_list = plan_registration(registry, id_list, hashes)
+        parents = [parent_id, *holders[:-1]]
+        if self._observe_registration is not None:
+            depths = planned_depths(registry, id_list, parents, new_list)
+            for first, run in new_runs(new_list, hashes):
+                self._observe_registration(run, depths[id_list[first]])
+        gaining_child = dict.fromkeys(parents[i] for i in range(len(new_list)) if new_list[i])
+        self._discard_leaves([p for p in gaining_child if self._is_tracked_leaf(p)])
+        for index, (block_id, block_hash) in enumerate(zip(id_list, hashes, strict=True)):
+            if new_list[index]:
+                registry.register(block_id, block_hash, parents[index])
+                # A block's cache life starts here: allocation leaves these untouched.
+                self._refs.last_access[block_id] = clock
+                self._refs.num_accesses[block_id] = 1
+        return np.asarray(holders) == ids, np.array(new_list, dtype=bool)
+
+    def _register_fresh_chain(
+        self, ids: np.ndarray, id_list: list[int], hashes: list[int], parent_id: int, clock: int
+    ) -> None:
+        if self._observe_registration is not None:
+            first_depth = 0 if parent_id == ROOT else self._registry.depth_of[parent_id] + 1
+            self._observe_registration(hashes, int(first_depth))
+        if self._is_tracked_leaf(parent_id):
+            self._policy.discard(parent_id)  # the only fallible call: before any change
+        self._registry.register_chain(ids, id_list, hashes, parent_id)
+        self._refs.last_access[ids] = clock
+        self._refs.num_accesses[ids] = 1
+
+    def _is_tracked_leaf(self, block_id: int) -> bool:
+        """Whether ``block_id`` is a cached leaf, i.e. tracked by the policy."""
+        return (
+            block_id != ROOT
+            and self._retains_unreferenced
+            and self._registry.num_children[block_id] == 0
+            and self._refs.active[block_id] == 0
+            and self._refs.paused[block_id] == 0
+        )
