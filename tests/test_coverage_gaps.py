@@ -124,7 +124,7 @@ def test_check_invariants_reports_a_broken_hash_map() -> None:
 
 def test_check_invariants_reports_an_unregistered_parent() -> None:
     allocator, chain = with_cached_chain()
-    allocator.registry.is_registered[chain[0]] = False
+    allocator.registry._is_registered[chain[0]] = False
     with pytest.raises(InvariantError, match="unregistered parent"):
         allocator.check_invariants()
 

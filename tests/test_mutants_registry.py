@@ -113,7 +113,7 @@ def _forest() -> HashRegistry:
 
 def test_check_names_a_registered_block_without_a_hash() -> None:
     registry = _forest()
-    registry.is_registered[9] = True
+    registry._is_registered[9] = True
     problems = registry.check()
     assert "block 9 flagged registered without a hash" in problems
     assert "6 blocks flagged registered, 5 hashes" in problems
@@ -127,20 +127,20 @@ def test_check_names_a_hash_whose_block_carries_another() -> None:
 
 def test_check_names_a_block_under_an_unregistered_parent() -> None:
     registry = _forest()
-    registry.is_registered[0] = False  # the root of chain 0 -> 1 -> 2 drops out
+    registry._is_registered[0] = False  # the root of chain 0 -> 1 -> 2 drops out
     assert "block 1 is registered under unregistered parent 0" in registry.check()
 
 
 def test_check_names_the_block_with_a_wrong_child_count() -> None:
     registry = _forest()
-    registry.num_children[1] += 1
+    registry._num_children[1] += 1
     assert "block 1 counts 2 children, 1 registered" in registry.check()
 
 
 def test_check_names_the_first_of_several_wrong_child_counts() -> None:
     registry = _forest()
-    registry.num_children[2] = 3
-    registry.num_children[4] = 1
+    registry._num_children[2] = 3
+    registry._num_children[4] = 1
     problems = registry.check()
     assert "block 2 counts 3 children, 0 registered" in problems
     assert not any(problem.startswith("block 4 counts") for problem in problems)
@@ -189,3 +189,12 @@ def test_deregister_leaves_names_the_batch_it_refuses(block_ids: list[int]) -> N
     with pytest.raises(InvariantError, match=re.escape(f"deregister_leaves: {block_ids} holds")):
         registry.deregister_leaves(block_ids)
     assert registry.check() == [] and len(registry) == 5
+
+
+def test_the_public_arrays_are_read_only_views() -> None:
+    registry = _forest()
+    for name in ("is_registered", "num_children", "parent_of", "depth_of"):
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(registry, name)[0] = 0
+    registry.deregister_leaf(2)  # the registry itself still writes, and the views follow
+    assert not registry.is_registered[2]

@@ -20,6 +20,13 @@ _DEREGISTER_ONE_BY_ONE_UP_TO = 8
 cost more than a few scalar updates (benchmarks/bench_core.py, eviction of one block)."""
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A view of ``array`` that raises on writes: only the registry changes its arrays."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 class HashRegistry:
     """Hash <-> block maps with parent/child links between registered blocks.
 
@@ -31,7 +38,9 @@ class HashRegistry:
     reference counts: the allocator decides when a block may be registered or
     dropped.
 
-    Fields (all indexed by block ID, owned and changed only by this class):
+    Fields (all indexed by block ID, owned and changed only by this class; the
+    public arrays are read-only views of private ones, so no other module can
+    write them):
 
     - ``is_registered``: numpy bool, for vectorised checks by the allocator.
     - ``num_children``: numpy int32, number of registered children.
@@ -54,10 +63,15 @@ class HashRegistry:
         self._first_child = np.full(num_blocks, NONE, dtype=np.int32)
         self._next_sibling = np.full(num_blocks, NONE, dtype=np.int32)
         self._prev_sibling = np.full(num_blocks, NONE, dtype=np.int32)
-        self.is_registered = np.zeros(num_blocks, dtype=bool)
-        self.num_children = np.zeros(num_blocks, dtype=np.int32)
-        self.parent_of = np.full(num_blocks, ROOT, dtype=np.int32)
-        self.depth_of = np.zeros(num_blocks, dtype=np.int32)
+        self._is_registered = np.zeros(num_blocks, dtype=bool)
+        self._num_children = np.zeros(num_blocks, dtype=np.int32)
+        self._parent_of = np.full(num_blocks, ROOT, dtype=np.int32)
+        self._depth_of = np.zeros(num_blocks, dtype=np.int32)
+        # Read-only views for everyone else (the engine, the planner, the checker).
+        self.is_registered = _read_only(self._is_registered)
+        self.num_children = _read_only(self._num_children)
+        self.parent_of = _read_only(self._parent_of)
+        self.depth_of = _read_only(self._depth_of)
 
     def __len__(self) -> int:
         return len(self._block_of_hash)
@@ -144,13 +158,13 @@ class HashRegistry:
         """
         self._block_of_hash[block_hash] = block_id
         self._hash_of_block[block_id] = block_hash
-        self.is_registered[block_id] = True
-        self.parent_of[block_id] = parent_id
+        self._is_registered[block_id] = True
+        self._parent_of[block_id] = parent_id
         if parent_id == ROOT:
-            self.depth_of[block_id] = 0
+            self._depth_of[block_id] = 0
         else:
-            self.depth_of[block_id] = self.depth_of[parent_id] + 1
-            self.num_children[parent_id] += 1
+            self._depth_of[block_id] = self._depth_of[parent_id] + 1
+            self._num_children[parent_id] += 1
             self._link_child(parent_id, block_id)
 
     def register_chain(
@@ -171,17 +185,17 @@ class HashRegistry:
         for block_id, block_hash in zip(id_list, block_hashes, strict=True):
             hash_of_block[block_id] = block_hash
         parents = [parent_id, *id_list[:-1]]
-        self.is_registered[block_ids] = True
-        self.parent_of[block_ids] = parents
-        first_depth = 0 if parent_id == ROOT else int(self.depth_of[parent_id]) + 1
-        self.depth_of[block_ids] = np.arange(first_depth, first_depth + count)
+        self._is_registered[block_ids] = True
+        self._parent_of[block_ids] = parents
+        first_depth = 0 if parent_id == ROOT else int(self._depth_of[parent_id]) + 1
+        self._depth_of[block_ids] = np.arange(first_depth, first_depth + count)
         # Inside the chain each block is its parent's only child.
-        self.num_children[block_ids[:-1]] += 1
+        self._num_children[block_ids[:-1]] += 1
         self._first_child[block_ids[:-1]] = block_ids[1:]
         self._next_sibling[block_ids[1:]] = NONE
         self._prev_sibling[block_ids[1:]] = NONE
         if parent_id != ROOT:
-            self.num_children[parent_id] += 1
+            self._num_children[parent_id] += 1
             self._link_child(parent_id, id_list[0])
 
     def deregister_leaf(self, block_id: int) -> int:
@@ -194,11 +208,11 @@ class HashRegistry:
         """
         del self._block_of_hash[self._hash_of_block[block_id]]
         self._hash_of_block[block_id] = NO_HASH
-        self.is_registered[block_id] = False
-        parent_id: int = self.parent_of.item(block_id)
-        self.parent_of[block_id] = ROOT
+        self._is_registered[block_id] = False
+        parent_id: int = self._parent_of.item(block_id)
+        self._parent_of[block_id] = ROOT
         if parent_id != ROOT:
-            self.num_children[parent_id] -= 1
+            self._num_children[parent_id] -= 1
             self._unlink_child(parent_id, block_id)
         return parent_id
 
@@ -247,18 +261,18 @@ class HashRegistry:
         for block_id in block_ids:
             hash_of_block[block_id] = NO_HASH
         ids = np.array(block_ids, dtype=np.intp)
-        parents = self.parent_of[ids]
-        self.is_registered[ids] = False
+        parents = self._parent_of[ids]
+        self._is_registered[ids] = False
         # A parent still registered now is outside the batch: unlink from its list
         # before the links of the removed blocks are reset below. (ROOT indexes the
         # last entry; the comparison with ROOT masks it out.)
-        kept = (parents != ROOT) & self.is_registered[parents]
+        kept = (parents != ROOT) & self._is_registered[parents]
         if np.count_nonzero(kept):
             for parent_id, child_id in zip(parents[kept].tolist(), ids[kept].tolist(), strict=True):
-                self.num_children[parent_id] -= 1
+                self._num_children[parent_id] -= 1
                 self._unlink_child(parent_id, child_id)
-        self.parent_of[ids] = ROOT
-        self.num_children[ids] = 0
+        self._parent_of[ids] = ROOT
+        self._num_children[ids] = 0
         self._first_child[ids] = NONE
         self._next_sibling[ids] = NONE
         self._prev_sibling[ids] = NONE
@@ -271,10 +285,10 @@ class HashRegistry:
         self._first_child[:] = NONE
         self._next_sibling[:] = NONE
         self._prev_sibling[:] = NONE
-        self.is_registered[:] = False
-        self.num_children[:] = 0
-        self.parent_of[:] = ROOT
-        self.depth_of[:] = 0
+        self._is_registered[:] = False
+        self._num_children[:] = 0
+        self._parent_of[:] = ROOT
+        self._depth_of[:] = 0
 
     def items(self) -> list[tuple[int, int]]:
         """Every ``(hash, block)`` pair (for checks and snapshots). Complexity: O(n)."""
@@ -288,27 +302,27 @@ class HashRegistry:
                 problems.append(
                     f"hash {block_hash} maps to block {block_id}, which carries another"
                 )
-        registered = np.flatnonzero(self.is_registered)
+        registered = np.flatnonzero(self._is_registered)
         if len(registered) != len(self._block_of_hash):
             problems.append(
                 f"{len(registered)} blocks flagged registered, {len(self._block_of_hash)} hashes"
             )
-        counted = np.zeros_like(self.num_children)
+        counted = np.zeros_like(self._num_children)
         for block_id in registered.tolist():
             if self._hash_of_block[block_id] == NO_HASH:
                 problems.append(f"block {block_id} flagged registered without a hash")
-            parent_id = int(self.parent_of[block_id])
+            parent_id = int(self._parent_of[block_id])
             if parent_id == ROOT:
                 continue
-            if not self.is_registered[parent_id]:
+            if not self._is_registered[parent_id]:
                 problems.append(
                     f"block {block_id} is registered under unregistered parent {parent_id}"
                 )
             counted[parent_id] += 1
-        if not np.array_equal(counted, self.num_children):
-            bad = int(np.flatnonzero(counted != self.num_children)[0])
+        if not np.array_equal(counted, self._num_children):
+            bad = int(np.flatnonzero(counted != self._num_children)[0])
             problems.append(
-                f"block {bad} counts {self.num_children[bad]} children, {counted[bad]} registered"
+                f"block {bad} counts {self._num_children[bad]} children, {counted[bad]} registered"
             )
         problems.extend(self._check_child_lists(counted))
         return problems
@@ -320,7 +334,7 @@ class HashRegistry:
             seen, previous = 0, NONE
             child = int(self._first_child[parent_id])
             while child != NONE and seen <= expected[parent_id]:
-                if int(self.parent_of[child]) != parent_id or not self.is_registered[child]:
+                if int(self._parent_of[child]) != parent_id or not self._is_registered[child]:
                     problems.append(f"block {child} is listed as a child of {parent_id}")
                 if int(self._prev_sibling[child]) != previous:
                     problems.append(f"block {child} has a broken back link")
