@@ -14,24 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from prefixcache.engine.config import PolicySpec, build_policy
+from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.serving.state_pool import StatePool
 
 _SENTINEL_HASHES = (0, -1)
 
 
-def _require_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _check_hash(block_hash: object) -> int:
-    if isinstance(block_hash, bool) or not isinstance(block_hash, (int, np.integer)):
-        raise InvalidArgumentError(f"block_hash must be an int, got {block_hash!r}")
+    if not is_int(block_hash):
+        raise InvalidArgumentError(f"block_hash must be a signed 64-bit int, got {block_hash!r}")
     if block_hash in _SENTINEL_HASHES:
         raise InvalidArgumentError(f"hash {block_hash} is a reserved sentinel")
     return int(block_hash)
@@ -108,14 +101,13 @@ class StateCheckpoints:
     ) -> None:
         if not isinstance(pool, StatePool):
             raise ConfigError(f"pool must be a StatePool, got {type(pool).__name__}")
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
-            raise ConfigError(f"capacity must be an int >= 0, got {capacity!r}")
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ConfigError(f"every must be an int >= 1, got {every!r}")
+        capacity = require_int(capacity, "capacity", minimum=0, error=ConfigError)
+        every = require_int(every, "every", minimum=1, error=ConfigError)
         if capacity > pool.num_free:
             raise ConfigError(f"capacity {capacity} exceeds the pool's {pool.num_free} free slots")
         self._policy = build_policy(policy)
-        if not self._policy.retains_unreferenced:
+        # ref_zero keeps nothing unreferenced: as a policy flag or, by name, as a mode.
+        if policy == "ref_zero" or not getattr(self._policy, "retains_unreferenced", True):
             raise ConfigError(f"policy {policy!r} keeps nothing; checkpoints need one that does")
         self.pool = pool
         self.capacity = capacity
@@ -146,9 +138,9 @@ class StateCheckpoints:
 
         Complexity: O(1).
         """
-        num_blocks = _require_int("num_blocks", num_blocks, 0)
+        num_blocks = require_int(num_blocks, "num_blocks", minimum=0)
         if num_prompt_blocks is not None:
-            _require_int("num_prompt_blocks", num_prompt_blocks, 0)
+            require_int(num_prompt_blocks, "num_prompt_blocks", minimum=0)
         if num_blocks == 0:
             return False
         return num_blocks % self.every == 0 or num_blocks == num_prompt_blocks
@@ -163,7 +155,7 @@ class StateCheckpoints:
 
         Complexity: O(num_prompt_blocks / every).
         """
-        num_prompt_blocks = _require_int("num_prompt_blocks", num_prompt_blocks, 0)
+        num_prompt_blocks = require_int(num_prompt_blocks, "num_prompt_blocks", minimum=0)
         points = list(range(self.every, num_prompt_blocks + 1, self.every))
         if num_prompt_blocks and (not points or points[-1] != num_prompt_blocks):
             points.append(num_prompt_blocks)
@@ -194,7 +186,7 @@ class StateCheckpoints:
         Complexity: O(1) maps, one copy of a slot's state, O(log n) policy work.
         """
         block_hash = _check_hash(block_hash)
-        depth = _require_int("depth", depth, 0)
+        depth = require_int(depth, "depth", minimum=0)
         self._check_request_slot(src_slot)
         if self.capacity == 0:
             return None

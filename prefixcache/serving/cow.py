@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import InvalidArgumentError, InvariantError
 
 
@@ -112,10 +113,12 @@ class PartialBlockTable:
         Complexity: O(1).
         """
         self._check_new(request)
-        block_id = _require_int("block_id", block_id, 0, self.allocator.num_usable)
+        block_id = require_int(
+            block_id, "block_id", minimum=0, maximum=self.allocator.num_usable - 1
+        )
         if block_id in self._holders:
             raise InvalidArgumentError(f"block {block_id} is tracked already; use share()")
-        num_tokens = _require_int("num_tokens", num_tokens, 0, self.block_size)
+        num_tokens = require_int(num_tokens, "num_tokens", minimum=0, maximum=self.block_size - 1)
         self._tail_of[request] = block_id
         self._holders[block_id] = {request}
         self._fill[block_id] = num_tokens
@@ -157,7 +160,9 @@ class PartialBlockTable:
         """
         block_id = self._tail(request)
         fill = self._fill[block_id]
-        num_tokens = _require_int("num_tokens", num_tokens, 1, self.block_size - fill + 1)
+        num_tokens = require_int(
+            num_tokens, "num_tokens", minimum=1, maximum=self.block_size - fill
+        )
         copy = None
         if len(self._holders[block_id]) > 1:
             fresh = self.allocator.allocate_memory_blocks(1)
@@ -263,12 +268,3 @@ def _is_hashable(value: object) -> bool:
     except TypeError:
         return False
     return True
-
-
-def _require_int(name: str, value: object, low: int, high: int) -> int:
-    """``value`` as an int in ``[low, high)``, else InvalidArgumentError."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidArgumentError(f"{name} must be an int, got {value!r}")
-    if not low <= value < high:
-        raise InvalidArgumentError(f"{name} {value} is outside [{low}, {high})")
-    return int(value)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from prefixcache.engine.config import PolicySpec
+from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.serving.checkpoints import StateCheckpoints
 from prefixcache.serving.layer_groups import GroupHit, LayerGroups, LayerGroupSpec
@@ -156,10 +157,7 @@ class HybridMemory:
         Complexity: :meth:`match_prefix`, plus O(hit blocks) and one state copy.
         """
         hashes = _hash_list(block_hashes)
-        if isinstance(num_prompt_tokens, bool) or not isinstance(num_prompt_tokens, int):
-            raise InvalidArgumentError(f"num_prompt_tokens must be an int, got {num_prompt_tokens}")
-        if num_prompt_tokens < 1:
-            raise InvalidArgumentError(f"num_prompt_tokens must be >= 1, got {num_prompt_tokens}")
+        num_prompt_tokens = require_int(num_prompt_tokens, "num_prompt_tokens", minimum=1)
         first_table = self.groups.tables[self.groups.specs[0].name]
         if not first_table.num_free_slots:
             return None
@@ -309,11 +307,8 @@ class HybridMemory:
 def _hash_list(block_hashes: object) -> list[int]:
     if isinstance(block_hashes, torch.Tensor | np.ndarray):
         block_hashes = block_hashes.tolist()
-    if not isinstance(block_hashes, list | tuple) or not all(
-        isinstance(value, int | np.integer) and not isinstance(value, bool)
-        for value in block_hashes
-    ):
-        raise InvalidArgumentError("block_hashes must be a sequence of ints")
+    if not isinstance(block_hashes, list | tuple) or not all(map(is_int, block_hashes)):
+        raise InvalidArgumentError("block_hashes must be a sequence of signed 64-bit ints")
     return [int(value) for value in block_hashes]
 
 
@@ -379,12 +374,10 @@ def build_hybrid_memory(
         if num_checkpoints:
             raise ConfigError("num_checkpoints needs linear layers (linear=StateShape(...))")
         return HybridMemory(layer_groups)
-    if isinstance(num_checkpoints, bool) or not isinstance(num_checkpoints, int):
-        raise ConfigError(f"num_checkpoints must be an int >= 0, got {num_checkpoints!r}")
-    device = layer_groups.allocators[groups[0].pool_name].pool.device
+    num_checkpoints = require_int(num_checkpoints, "num_checkpoints", minimum=0, error=ConfigError)
     pool = StatePool(
-        linear, 1 + layer_groups.tables[groups[0].name].max_requests + max(0, num_checkpoints),
-        dtype=dtype, device=device,
+        linear, 1 + layer_groups.tables[groups[0].name].max_requests + num_checkpoints,
+        dtype=dtype, device=layer_groups.device,
     )  # fmt: skip
     checkpoints = StateCheckpoints(
         pool, num_checkpoints, every=checkpoint_every, policy=checkpoint_policy

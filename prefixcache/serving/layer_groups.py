@@ -21,6 +21,8 @@ import xxhash
 
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.config import AllocatorConfig, PolicySpec
+from prefixcache.engine.pool import resolve_device
+from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.serving.block_table import BlockTable
 from prefixcache.serving.kv_cache import KVCache
@@ -30,12 +32,6 @@ GROUP_KINDS = ("full", "sliding_window", "indexer")
 token through a small per-token key cache (a sparse-attention indexer)."""
 
 _MASK63 = (1 << 63) - 1
-
-
-def _require_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +67,11 @@ class LayerGroupSpec:
         if self.kind not in GROUP_KINDS:
             raise ConfigError(f"group {self.name!r}: kind must be one of {GROUP_KINDS}")
         for attribute in ("num_layers", "k_heads", "k_head_dim"):
-            _require_int(attribute, getattr(self, attribute), 1)
+            require_int(getattr(self, attribute), attribute, minimum=1, error=ConfigError)
         if (self.kind == "sliding_window") != (self.window is not None):
             raise ConfigError(f"group {self.name!r}: window is for sliding_window groups only")
         if self.window is not None:
-            _require_int("window", self.window, 1)
+            require_int(self.window, "window", minimum=1, error=ConfigError)
         if self.pool is not None and (not isinstance(self.pool, str) or not self.pool):
             raise ConfigError(f"group {self.name!r}: pool must be a non-empty string or None")
 
@@ -204,7 +200,8 @@ class LayerGroups:
             raise ConfigError("specs must be a non-empty sequence of LayerGroupSpec")
         if len({spec.name for spec in self.specs}) != len(self.specs):
             raise ConfigError("layer group names must be unique")
-        self.block_size = _require_int("block_size", block_size, 1)
+        self.block_size = require_int(block_size, "block_size", minimum=1, error=ConfigError)
+        self.device = resolve_device(device)
         members: dict[str, list[LayerGroupSpec]] = {}
         for spec in self.specs:
             members.setdefault(spec.pool_name, []).append(spec)
@@ -217,10 +214,12 @@ class LayerGroups:
             count = num_blocks.get(pool) if isinstance(num_blocks, dict) else num_blocks
             allocator = KVBlockAllocator(
                 AllocatorConfig(
-                    total_count=_require_int(f"num_blocks[{pool!r}]", count, 2),
+                    total_count=require_int(
+                        count, f"num_blocks[{pool!r}]", minimum=2, error=ConfigError
+                    ),
                     block_size_tokens=self.block_size,
                     eviction_policy=eviction_policy,
-                    device=device,
+                    device=self.device,
                 )
             )
             self.allocators[pool] = allocator
@@ -229,13 +228,15 @@ class LayerGroups:
                 layers = max(spec.num_layers for spec in groups)
                 self.kv_caches[pool] = KVCache(
                     layers, allocator.total_count, self.block_size, k_heads, k_dim,
-                    v_heads=v_heads, v_head_dim=v_dim, dtype=dtype, device=allocator.pool.device,
+                    v_heads=v_heads, v_head_dim=v_dim, dtype=dtype, device=self.device,
                 )  # fmt: skip
         # Per group: its allocator, its table, and its position in its pool (the hash tag).
         self._allocator = [self.allocators[spec.pool_name] for spec in self.specs]
         self._tag = [members[spec.pool_name].index(spec) for spec in self.specs]
         self._table = [
-            _WindowedBlockTable.for_allocator(allocator, max_requests, max_blocks_per_request)
+            _WindowedBlockTable(
+                max_requests, max_blocks_per_request, allocator.dummy_block_id, self.device
+            )
             for allocator in self._allocator
         ]
         self.tables = {spec.name: self._table[g] for g, spec in enumerate(self.specs)}
@@ -368,7 +369,7 @@ class LayerGroups:
         Complexity: O(new blocks), plus O(log n) per evicted block.
         """
         self._row(slot)
-        num_tokens = _require_int("num_tokens", num_tokens, 0)
+        num_tokens = require_int(num_tokens, "num_tokens", minimum=0)
         wanted = -(-num_tokens // self.block_size)
         needs = [max(0, wanted - table.num_blocks(slot)) for table in self._table]
         for group, table in enumerate(self._table):
@@ -410,7 +411,7 @@ class LayerGroups:
         Complexity: O(new full blocks + released blocks) per group.
         """
         row = self._row(slot)
-        num_tokens = _require_int("num_tokens", num_tokens, row.num_tokens)
+        num_tokens = require_int(num_tokens, "num_tokens", minimum=row.num_tokens)
         if -(-num_tokens // self.block_size) > self._table[0].num_blocks(slot):
             raise InvalidArgumentError(f"{num_tokens} tokens exceed slot {slot}'s reserved blocks")
         num_full = num_tokens // self.block_size
@@ -516,7 +517,7 @@ class LayerGroups:
                         raise InvariantError(f"slot {slot} holds an unreferenced block")
 
     def _row(self, slot: object) -> _Row:
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+        if not is_int(slot):
             raise InvalidArgumentError(f"slot must be an int, got {slot!r}")
         row = self._rows.get(int(slot))
         if row is None:

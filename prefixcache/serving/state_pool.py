@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from prefixcache.engine.pool import resolve_device
+from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import (
     CapacityError,
     ConfigError,
@@ -27,12 +28,6 @@ from prefixcache.errors import (
 
 DUMMY_SLOT = 0
 """The slot a padded batch entry points at: never handed out, its contents are junk."""
-
-
-def _require_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +51,7 @@ class StateShape:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_heads", "k_dim", "v_dim", "conv_dim", "conv_kernel"):
-            _require_int(name, getattr(self, name), 1)
+            require_int(getattr(self, name), name, minimum=1, error=ConfigError)
 
     def bytes_per_slot(self, conv_dtype: torch.dtype) -> int:
         """Bytes of one slot over all layers: float32 recurrent state plus the conv window."""
@@ -126,7 +121,7 @@ class StatePool:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ConfigError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         self.shape = shape
-        self.num_slots = _require_int("num_slots", num_slots, 2)
+        self.num_slots = require_int(num_slots, "num_slots", minimum=2, error=ConfigError)
         self.dtype = dtype
         self.device = resolve_device(device)
         layers, slots = shape.num_layers, self.num_slots
@@ -161,7 +156,7 @@ class StatePool:
 
     def is_allocated(self, slot: int) -> bool:
         """Whether ``slot`` is held (False for the dummy and any out-of-range value). O(1)."""
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+        if not is_int(slot):
             return False
         return 0 <= slot < self.num_slots and bool(self._held[slot])
 
@@ -292,7 +287,7 @@ class StatePool:
     # ------------------------------------------------------------------ internals
 
     def _check_held(self, slot: object, what: str) -> int:
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+        if not is_int(slot):
             raise InvalidArgumentError(f"{what} must be an int, got {slot!r}")
         if not 0 < slot < self.num_slots:
             raise InvalidArgumentError(
