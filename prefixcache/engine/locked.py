@@ -14,6 +14,16 @@ so the wrapper's own methods can be called inside. :meth:`free_group` holds
 the lock for the whole group, so the releases queued in it are applied
 before any other thread sees the allocator.
 
+The locked methods are generated from the allocator's class when this
+module is imported, so a method the facade gains is locked without an edit
+here: a plain method or property runs under the lock; a context manager
+(``@contextmanager``, as ``free_group``) holds it from enter to exit. A
+member that a lock around the call would not guard (a generator, which runs
+after the call returns) stops the import with a TypeError until it gets a
+hand-written form in the class below. Results are the allocator's
+own; it hands out no live internal state (tensors and lists are fresh
+copies, see STYLE), so a result is safe to use after the lock is released.
+
 >>> from prefixcache import KVBlockAllocator
 >>> shared = ThreadSafeAllocator(KVBlockAllocator(total_count=8, device="cpu"))
 >>> blocks = shared.allocate_memory_blocks(2)
@@ -25,45 +35,37 @@ before any other thread sees the allocator.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from prefixcache.engine.allocator import KVBlockAllocator
-from prefixcache.engine.block_ids import BlockIdsLike
-from prefixcache.engine.events import BlockStored, KVCacheEvent
-from prefixcache.engine.stats import AllocatorStats
 from prefixcache.errors import ConfigError
 
+if TYPE_CHECKING:
+    # Type checkers see the allocator's methods with their signatures; at run
+    # time they are the generated forwarders below (ThreadSafeAllocator is no
+    # KVBlockAllocator: isinstance says False).
+    _Base = KVBlockAllocator
+else:
+    _Base = object
 
-class ThreadSafeAllocator:
+__all__ = ["ThreadSafeAllocator", "locked_member_names"]
+
+
+class ThreadSafeAllocator(_Base):
     """Serialises every public method of a :class:`KVBlockAllocator` with one re-entrant lock.
 
-    The methods are those of the wrapped allocator, with the same arguments,
-    results and errors (see there); each holds :attr:`lock` while it runs.
-
-    - Allocation: :meth:`allocate_memory_blocks`, :meth:`release_memory_blocks`,
-      :meth:`is_memory_available`, :meth:`free_group`.
-    - Prefix reuse: :meth:`hash_tokens`, :meth:`fingerprint_tokens`,
-      :meth:`match_prefix`, :meth:`is_hash_registered`, :meth:`acquire_blocks`,
-      :meth:`register_kv_block_hashes`.
-    - Partitions: :meth:`pause`, :meth:`resume`, :meth:`reference_counts`,
-      :meth:`get_total_used`, :meth:`get_active_used`, :meth:`get_paused_used`,
-      :meth:`get_active_avail`, :meth:`get_paused_avail`,
-      :meth:`get_evictable_block_count`.
-    - Eviction and time: :meth:`update_timestamps`, :meth:`advance_clock`,
-      :attr:`clock`, :meth:`set_retention_priority`, :meth:`evict_cached_blocks`,
-      :meth:`evict_lru_blocks`.
-    - MoE routing: :meth:`store_routing_per_block`, :meth:`store_block_routing`,
-      :meth:`get_block_routing`, :meth:`reconstruct_routing_from_blocks`.
-    - Introspection: :meth:`stats`, :meth:`check_invariants`, :meth:`reset`,
-      :meth:`take_events`, :meth:`snapshot`.
+    The methods and properties are those of the wrapped allocator, with the
+    same arguments, results and errors (see there); each holds :attr:`lock`
+    while it runs. :meth:`free_group` holds it for the whole group. Besides
+    them: :attr:`lock` and :attr:`allocator`.
 
     Complexity: each method as the wrapped one, plus one lock acquisition
-    (about 0.1 us uncontended).
+    (about 0.1 us uncontended) and one forwarding call.
 
     Args:
         allocator: the allocator to guard. After wrapping, use it only
@@ -91,241 +93,106 @@ class ThreadSafeAllocator:
         """The wrapped allocator; touch it only while holding :attr:`lock`."""
         return self._allocator
 
-    # ------------------------------------------------------------------ allocation
-
-    def is_memory_available(self, num_blocks: int) -> bool:
-        """See :meth:`KVBlockAllocator.is_memory_available`."""
-        with self._lock:
-            return self._allocator.is_memory_available(num_blocks)
-
-    def allocate_memory_blocks(self, num_blocks: int) -> torch.Tensor | None:
-        """See :meth:`KVBlockAllocator.allocate_memory_blocks`."""
-        with self._lock:
-            return self._allocator.allocate_memory_blocks(num_blocks)
-
-    def release_memory_blocks(self, block_ids: BlockIdsLike, *, paused: bool = False) -> None:
-        """See :meth:`KVBlockAllocator.release_memory_blocks`."""
-        with self._lock:
-            self._allocator.release_memory_blocks(block_ids, paused=paused)
-
-    @contextmanager
-    def free_group(self) -> Iterator[None]:
-        """See :meth:`KVBlockAllocator.free_group`; holds the lock for the whole group.
-
-        Other threads wait until the group's releases are applied, so none
-        sees (or pauses) a reference that is already queued for release.
-        """
-        with self._lock, self._allocator.free_group():
-            yield
-
-    # ------------------------------------------------------------------ prefix reuse
-
-    def hash_tokens(
-        self,
-        tokens: Any,
-        *,
-        parent: int | None = None,
-        salt: str | bytes | None = None,
-        extra_keys: Sequence[object] | None = None,
-    ) -> list[int]:
-        """See :meth:`KVBlockAllocator.hash_tokens` (pure; locked for a custom hash function)."""
-        with self._lock:
-            return self._allocator.hash_tokens(
-                tokens, parent=parent, salt=salt, extra_keys=extra_keys
-            )
-
-    def fingerprint_tokens(
-        self,
-        tokens: Any,
-        *,
-        parent: int | None = None,
-        salt: str | bytes | None = None,
-        extra_keys: Sequence[object] | None = None,
-    ) -> list[int]:
-        """See :meth:`KVBlockAllocator.fingerprint_tokens`."""
-        with self._lock:
-            return self._allocator.fingerprint_tokens(
-                tokens, parent=parent, salt=salt, extra_keys=extra_keys
-            )
-
-    def match_prefix(
-        self, block_hashes: Any, *, acquire: bool = False, fingerprints: Any = None
-    ) -> torch.Tensor:
-        """See :meth:`KVBlockAllocator.match_prefix`."""
-        with self._lock:
-            return self._allocator.match_prefix(
-                block_hashes, acquire=acquire, fingerprints=fingerprints
-            )
-
-    def is_hash_registered(self, block_hash: int) -> bool:
-        """See :meth:`KVBlockAllocator.is_hash_registered`."""
-        with self._lock:
-            return self._allocator.is_hash_registered(block_hash)
-
-    def acquire_blocks(self, block_ids: BlockIdsLike) -> None:
-        """See :meth:`KVBlockAllocator.acquire_blocks`."""
-        with self._lock:
-            self._allocator.acquire_blocks(block_ids)
-
-    def register_kv_block_hashes(
-        self,
-        block_ids: BlockIdsLike,
-        block_hashes: Any,
-        *,
-        parent_hash: int | None = None,
-        token_ids: Any = None,
-        lora_name: str | None = None,
-        fingerprints: Any = None,
-    ) -> torch.Tensor:
-        """See :meth:`KVBlockAllocator.register_kv_block_hashes`."""
-        with self._lock:
-            return self._allocator.register_kv_block_hashes(
-                block_ids,
-                block_hashes,
-                parent_hash=parent_hash,
-                token_ids=token_ids,
-                lora_name=lora_name,
-                fingerprints=fingerprints,
-            )
-
-    # ------------------------------------------------------------------ partitions
-
-    def pause(self, block_ids: BlockIdsLike) -> None:
-        """See :meth:`KVBlockAllocator.pause`."""
-        with self._lock:
-            self._allocator.pause(block_ids)
-
-    def resume(self, block_ids: BlockIdsLike) -> None:
-        """See :meth:`KVBlockAllocator.resume`."""
-        with self._lock:
-            self._allocator.resume(block_ids)
-
-    def reference_counts(self, block_ids: BlockIdsLike) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :meth:`KVBlockAllocator.reference_counts`."""
-        with self._lock:
-            return self._allocator.reference_counts(block_ids)
-
-    def get_total_used(self) -> int:
-        """See :meth:`KVBlockAllocator.get_total_used`."""
-        with self._lock:
-            return self._allocator.get_total_used()
-
-    def get_active_used(self) -> int:
-        """See :meth:`KVBlockAllocator.get_active_used`."""
-        with self._lock:
-            return self._allocator.get_active_used()
-
-    def get_paused_used(self) -> int:
-        """See :meth:`KVBlockAllocator.get_paused_used`."""
-        with self._lock:
-            return self._allocator.get_paused_used()
-
-    def get_active_avail(self) -> int:
-        """See :meth:`KVBlockAllocator.get_active_avail`."""
-        with self._lock:
-            return self._allocator.get_active_avail()
-
-    def get_paused_avail(self) -> int:
-        """See :meth:`KVBlockAllocator.get_paused_avail`."""
-        with self._lock:
-            return self._allocator.get_paused_avail()
-
-    def get_evictable_block_count(self) -> int:
-        """See :meth:`KVBlockAllocator.get_evictable_block_count`."""
-        with self._lock:
-            return self._allocator.get_evictable_block_count()
-
-    # ------------------------------------------------------------------ eviction and time
-
-    def update_timestamps(self, block_ids: BlockIdsLike) -> None:
-        """See :meth:`KVBlockAllocator.update_timestamps`."""
-        with self._lock:
-            self._allocator.update_timestamps(block_ids)
-
-    def advance_clock(self, ticks: int = 1) -> int:
-        """See :meth:`KVBlockAllocator.advance_clock`."""
-        with self._lock:
-            return self._allocator.advance_clock(ticks)
-
-    @property
-    def clock(self) -> int:
-        """See :attr:`KVBlockAllocator.clock`."""
-        with self._lock:
-            return self._allocator.clock
-
-    def set_retention_priority(
-        self, block_hashes: Any, priority: int, *, duration: int | None = None
-    ) -> None:
-        """See :meth:`KVBlockAllocator.set_retention_priority`."""
-        with self._lock:
-            self._allocator.set_retention_priority(block_hashes, priority, duration=duration)
-
-    def evict_cached_blocks(self, num_blocks: int) -> int:
-        """See :meth:`KVBlockAllocator.evict_cached_blocks`."""
-        with self._lock:
-            return self._allocator.evict_cached_blocks(num_blocks)
-
-    def evict_lru_blocks(self, num_blocks: int) -> bool:
-        """See :meth:`KVBlockAllocator.evict_lru_blocks`."""
-        with self._lock:
-            return self._allocator.evict_lru_blocks(num_blocks)
-
-    # ------------------------------------------------------------------ MoE routing
-
-    def store_routing_per_block(
-        self, flat_routing: Any, token_block_ids: BlockIdsLike, token_positions: BlockIdsLike
-    ) -> None:
-        """See :meth:`KVBlockAllocator.store_routing_per_block`."""
-        with self._lock:
-            self._allocator.store_routing_per_block(flat_routing, token_block_ids, token_positions)
-
-    def store_block_routing(self, block_id: int, routing: Any) -> None:
-        """See :meth:`KVBlockAllocator.store_block_routing`."""
-        with self._lock:
-            self._allocator.store_block_routing(block_id, routing)
-
-    def get_block_routing(self, block_id: int) -> torch.Tensor | None:
-        """See :meth:`KVBlockAllocator.get_block_routing`."""
-        with self._lock:
-            return self._allocator.get_block_routing(block_id)
-
-    def reconstruct_routing_from_blocks(
-        self, block_ids: BlockIdsLike, total_tokens: int
-    ) -> torch.Tensor | None:
-        """See :meth:`KVBlockAllocator.reconstruct_routing_from_blocks`."""
-        with self._lock:
-            return self._allocator.reconstruct_routing_from_blocks(block_ids, total_tokens)
-
-    # ------------------------------------------------------------------ introspection
-
-    def reset(self) -> None:
-        """See :meth:`KVBlockAllocator.reset`."""
-        with self._lock:
-            self._allocator.reset()
-
-    def take_events(self) -> list[KVCacheEvent]:
-        """See :meth:`KVBlockAllocator.take_events`."""
-        with self._lock:
-            return self._allocator.take_events()
-
-    def snapshot(self) -> list[BlockStored]:
-        """See :meth:`KVBlockAllocator.snapshot`."""
-        with self._lock:
-            return self._allocator.snapshot()
-
-    def stats(self) -> AllocatorStats:
-        """See :meth:`KVBlockAllocator.stats`."""
-        with self._lock:
-            return self._allocator.stats()
-
-    def check_invariants(self) -> None:
-        """See :meth:`KVBlockAllocator.check_invariants`."""
-        with self._lock:
-            self._allocator.check_invariants()
-
     def __str__(self) -> str:
         with self._lock:
             return str(self._allocator)
 
     def __repr__(self) -> str:
         return f"ThreadSafeAllocator({self._allocator!r})"
+
+
+# ---------------------------------------------------------------------- generated members
+
+
+def _is_context_manager(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` was made by ``contextlib.contextmanager`` (it wraps a generator)."""
+    wrapped = getattr(function, "__wrapped__", None)
+    return (
+        wrapped is not None
+        and inspect.isgeneratorfunction(wrapped)
+        and not inspect.isgeneratorfunction(function)
+    )
+
+
+def _locked_call(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def method(self: ThreadSafeAllocator, /, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return getattr(self._allocator, name)(*args, **kwargs)
+
+    return method
+
+
+def _locked_context(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    @contextmanager
+    def method(self: ThreadSafeAllocator, /, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        with self._lock, getattr(self._allocator, name)(*args, **kwargs) as value:
+            yield value
+
+    method.__doc__ = f"{function.__doc__ or ''}\n\nThe wrapper holds its lock from enter to exit."
+    return method
+
+
+def _locked_property(name: str, prop: property) -> property:
+    def get(self: ThreadSafeAllocator) -> Any:
+        with self._lock:
+            return getattr(self._allocator, name)
+
+    def put(self: ThreadSafeAllocator, value: Any) -> None:
+        with self._lock:
+            setattr(self._allocator, name, value)
+
+    return property(get, put if prop.fset is not None else None, doc=prop.__doc__)
+
+
+def _locked_member(name: str, member: object) -> object:
+    """The locked form of one public member of KVBlockAllocator's class.
+
+    Raises:
+        TypeError: a kind of member a lock around the call would not guard
+            (a generator runs after the call returns; a static method or a
+            class attribute is no method of the instance). Raised at import,
+            so such a member gets a hand-written locked form before it ships.
+    """
+    if isinstance(member, property):
+        return _locked_property(name, member)
+    if inspect.isfunction(member) and _is_context_manager(member):
+        return _locked_context(name, member)
+    if (
+        inspect.isfunction(member)
+        and not inspect.isgeneratorfunction(member)
+        and not inspect.iscoroutinefunction(member)
+        and not inspect.isasyncgenfunction(member)
+    ):
+        return _locked_call(name, member)
+    raise TypeError(
+        f"KVBlockAllocator.{name} ({type(member).__name__}) cannot be locked by forwarding; "
+        "give ThreadSafeAllocator a hand-written form of it in prefixcache/engine/locked.py"
+    )
+
+
+def locked_member_names() -> list[str]:
+    """Names of the allocator's public class members the wrapper locks, sorted.
+
+    Complexity: O(members of KVBlockAllocator).
+    """
+    return sorted(
+        {
+            name
+            for klass in KVBlockAllocator.__mro__[:-1]  # object's members excluded
+            for name in vars(klass)
+            if not name.startswith("_")
+        }
+    )
+
+
+def _install() -> None:
+    """Add the locked form of every public member not written by hand in the class."""
+    for name in locked_member_names():
+        if name not in vars(ThreadSafeAllocator):
+            member = inspect.getattr_static(KVBlockAllocator, name)
+            setattr(ThreadSafeAllocator, name, _locked_member(name, member))
+
+
+_install()

@@ -10,11 +10,14 @@ the pool is whole again.
 
 from __future__ import annotations
 
+import inspect
 import random
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import cast
 
 import pytest
 import torch
@@ -26,7 +29,8 @@ from prefixcache import (
     compute_block_hashes,
     policies,
 )
-from prefixcache.engine.locked import ThreadSafeAllocator
+from prefixcache.engine import locked
+from prefixcache.engine.locked import ThreadSafeAllocator, locked_member_names
 
 NUM_THREADS = 8
 OPS_PER_THREAD = 400
@@ -210,6 +214,115 @@ def test_a_free_group_holds_the_lock_until_its_releases_are_applied() -> None:
 def test_the_wrapper_forwards_every_public_method() -> None:
     public = {name for name in dir(KVBlockAllocator) if not name.startswith("_")}
     assert public <= set(dir(ThreadSafeAllocator)), public - set(dir(ThreadSafeAllocator))
+    assert set(locked_member_names()) == public
+
+
+def _held_by_another_thread(lock: threading.RLock) -> bool:
+    """Whether a second thread finds ``lock`` taken."""
+    taken: list[bool] = []
+
+    def probe() -> None:
+        acquired = lock.acquire(blocking=False)
+        if acquired:
+            lock.release()
+        taken.append(not acquired)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join(timeout=5)
+    return taken == [True]
+
+
+def _is_context_manager(member: object) -> bool:
+    return inspect.isgeneratorfunction(inspect.unwrap(member))  # type: ignore[arg-type]
+
+
+def test_every_public_member_of_the_allocator_runs_under_the_lock() -> None:
+    """A recording allocator notes, inside each of its public members, whether the lock is held.
+
+    Generated from the class as it stands, so a method the facade gains
+    later is checked without an edit here.
+    """
+    held: dict[str, bool] = {}
+    shared: list[ThreadSafeAllocator] = []
+
+    def note(name: str) -> None:
+        held[name] = _held_by_another_thread(shared[0].lock)
+
+    def fake(name: str, member: object) -> object:
+        if isinstance(member, property):
+            return property(lambda self: note(name))
+        if _is_context_manager(member):
+
+            @contextmanager
+            def block(self: object, *args: object, **kwargs: object) -> Iterator[None]:
+                note(f"{name}: enter")
+                yield
+                note(f"{name}: exit")
+
+            return block
+        return lambda self, *args, **kwargs: note(name)
+
+    members = {
+        name: inspect.getattr_static(KVBlockAllocator, name) for name in locked_member_names()
+    }
+    recording = type(
+        "RecordingAllocator",
+        (KVBlockAllocator,),
+        {name: fake(name, member) for name, member in members.items()},
+    )
+    blank = cast(KVBlockAllocator, object.__new__(recording))  # no state: nothing runs
+    shared.append(ThreadSafeAllocator(blank))
+    for name, member in members.items():
+        value = getattr(shared[0], name)
+        if isinstance(member, property):
+            continue  # reading it was the call
+        if _is_context_manager(member):
+            with value():
+                note(f"{name}: body")
+        else:
+            value()
+    assert not _held_by_another_thread(shared[0].lock)  # every call let go of it
+    unlocked = sorted(name for name, was_held in held.items() if not was_held)
+    assert not unlocked, f"ran without the lock: {unlocked}"
+    called = {name.split(":")[0] for name in held}
+    assert called == set(members), set(members) ^ called
+    assert {"free_group: enter", "free_group: body", "free_group: exit"} <= set(held)
+
+
+def test_a_member_the_wrapper_cannot_lock_stops_the_import() -> None:
+    def steps(self: object) -> Iterator[int]:
+        yield 1
+
+    async def later(self: object) -> None:
+        return None
+
+    for member in (steps, later, staticmethod(len), 3):
+        with pytest.raises(TypeError, match="hand-written"):
+            locked._locked_member("new_member", member)
+
+
+def test_a_property_with_a_setter_sets_under_the_lock() -> None:
+    calls: list[tuple[str, bool]] = []
+    shared: list[ThreadSafeAllocator] = []
+
+    def note(kind: str) -> None:
+        calls.append((kind, _held_by_another_thread(shared[0].lock)))
+
+    def get(self: object) -> int:
+        note("get")
+        return 7
+
+    def put(self: object, value: int) -> None:
+        note("set")
+
+    member = property(get, put)
+    wrapped = locked._locked_property("window", member)
+    target = type("Target", (KVBlockAllocator,), {"window": member})
+    shared.append(ThreadSafeAllocator(cast(KVBlockAllocator, object.__new__(target))))
+    assert wrapped.__get__(shared[0]) == 7
+    wrapped.__set__(shared[0], 3)
+    assert calls == [("get", True), ("set", True)]
 
 
 def test_the_wrapper_returns_what_the_allocator_returns() -> None:
