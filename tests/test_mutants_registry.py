@@ -8,6 +8,7 @@ queries with unmatched tails, and no test read the chain depth that
 
 from __future__ import annotations
 
+import copy
 import re
 
 import numpy as np
@@ -198,3 +199,11 @@ def test_the_public_arrays_are_read_only_views() -> None:
             getattr(registry, name)[0] = 0
     registry.deregister_leaf(2)  # the registry itself still writes, and the views follow
     assert not registry.is_registered[2]
+
+
+def test_a_copy_has_views_of_its_own_arrays() -> None:
+    registry = _forest()
+    clone = copy.deepcopy(registry)
+    clone.deregister_leaf(2)
+    assert not clone.is_registered[2]
+    assert registry.is_registered[2]

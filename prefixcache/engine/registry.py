@@ -67,11 +67,23 @@ class HashRegistry:
         self._num_children = np.zeros(num_blocks, dtype=np.int32)
         self._parent_of = np.full(num_blocks, ROOT, dtype=np.int32)
         self._depth_of = np.zeros(num_blocks, dtype=np.int32)
-        # Read-only views for everyone else (the engine, the planner, the checker).
+        self._make_views()
+
+    def _make_views(self) -> None:
+        """Read-only views for everyone else (the engine, the planner, the checker)."""
         self.is_registered = _read_only(self._is_registered)
         self.num_children = _read_only(self._num_children)
         self.parent_of = _read_only(self._parent_of)
         self.depth_of = _read_only(self._depth_of)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickle and copy the private arrays only; views are rebuilt over the copies."""
+        views = ("is_registered", "num_children", "parent_of", "depth_of")
+        return {key: value for key, value in self.__dict__.items() if key not in views}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._make_views()
 
     def __len__(self) -> int:
         return len(self._block_of_hash)
