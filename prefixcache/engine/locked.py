@@ -20,9 +20,10 @@ here: a plain method or property runs under the lock; a context manager
 (``@contextmanager``, as ``free_group``) holds it from enter to exit. A
 member that a lock around the call would not guard (a generator, which runs
 after the call returns) stops the import with a TypeError until it gets a
-hand-written form in the class below. Results are the allocator's
-own; it hands out no live internal state (tensors and lists are fresh
-copies, see STYLE), so a result is safe to use after the lock is released.
+hand-written form in the class below. Results are values (fresh
+tensors and lists, frozen stats), safe to use after the lock is released;
+the members that would hand out the allocator's internal objects
+(:data:`LIVE_STATE`, e.g. ``pool``) are refused, not forwarded.
 
 >>> from prefixcache import KVBlockAllocator
 >>> shared = ThreadSafeAllocator(KVBlockAllocator(total_count=8, device="cpu"))
@@ -53,7 +54,17 @@ if TYPE_CHECKING:
 else:
     _Base = object
 
-__all__ = ["ThreadSafeAllocator", "locked_member_names"]
+__all__ = ["LIVE_STATE", "ThreadSafeAllocator", "locked_member_names"]
+
+LIVE_STATE = frozenset({"pool", "registry"})
+"""Public members of the allocator that hand out its internal objects, not values.
+
+A lock around the call would not guard them: the caller would go on using
+the object after the lock is released. The wrapper refuses them (an
+AttributeError that says how to reach them: ``with shared.lock:
+shared.allocator.pool``). ``tests/engine/test_thread_safety.py`` checks that
+every other public member returns a value.
+"""
 
 
 class ThreadSafeAllocator(_Base):
@@ -146,6 +157,16 @@ def _locked_property(name: str, prop: property) -> property:
     return property(get, put if prop.fset is not None else None, doc=prop.__doc__)
 
 
+def _refused(name: str) -> property:
+    def refuse(self: ThreadSafeAllocator) -> Any:
+        raise AttributeError(
+            f"ThreadSafeAllocator.{name} would hand out the allocator's live state; "
+            f"hold the lock while you use it: with shared.lock: shared.allocator.{name}"
+        )
+
+    return property(refuse)
+
+
 def _locked_member(name: str, member: object) -> object:
     """The locked form of one public member of KVBlockAllocator's class.
 
@@ -173,7 +194,7 @@ def _locked_member(name: str, member: object) -> object:
 
 
 def locked_member_names() -> list[str]:
-    """Names of the allocator's public class members the wrapper locks, sorted.
+    """Names of the allocator's public class members, sorted (locked, but LIVE_STATE refused).
 
     Complexity: O(members of KVBlockAllocator).
     """
@@ -190,7 +211,9 @@ def locked_member_names() -> list[str]:
 def _install() -> None:
     """Add the locked form of every public member not written by hand in the class."""
     for name in locked_member_names():
-        if name not in vars(ThreadSafeAllocator):
+        if name in LIVE_STATE:
+            setattr(ThreadSafeAllocator, name, _refused(name))
+        elif name not in vars(ThreadSafeAllocator):
             member = inspect.getattr_static(KVBlockAllocator, name)
             setattr(ThreadSafeAllocator, name, _locked_member(name, member))
 

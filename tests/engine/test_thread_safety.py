@@ -30,7 +30,7 @@ from prefixcache import (
     policies,
 )
 from prefixcache.engine import locked
-from prefixcache.engine.locked import ThreadSafeAllocator, locked_member_names
+from prefixcache.engine.locked import LIVE_STATE, ThreadSafeAllocator, locked_member_names
 
 NUM_THREADS = 8
 OPS_PER_THREAD = 400
@@ -264,7 +264,9 @@ def test_every_public_member_of_the_allocator_runs_under_the_lock() -> None:
         return lambda self, *args, **kwargs: note(name)
 
     members = {
-        name: inspect.getattr_static(KVBlockAllocator, name) for name in locked_member_names()
+        name: inspect.getattr_static(KVBlockAllocator, name)
+        for name in locked_member_names()
+        if name not in LIVE_STATE
     }
     recording = type(
         "RecordingAllocator",
@@ -288,6 +290,44 @@ def test_every_public_member_of_the_allocator_runs_under_the_lock() -> None:
     called = {name.split(":")[0] for name in held}
     assert called == set(members), set(members) ^ called
     assert {"free_group: enter", "free_group: body", "free_group: exit"} <= set(held)
+
+
+VALUE_RESULTS = {
+    "None",
+    "bool",
+    "int",
+    "str",
+    "list[int]",
+    "torch.Tensor",
+    "torch.Tensor | None",
+    "tuple[torch.Tensor, torch.Tensor]",
+    "AllocatorStats",
+    "list[BlockStored]",
+    "list[KVCacheEvent]",
+    "Iterator[None]",
+}
+"""Result annotations that are values (fresh objects or immutable), safe to use unlocked."""
+
+
+def test_every_forwarded_member_returns_a_value_not_live_state() -> None:
+    """A member that returns something else must be classified: a value here, or LIVE_STATE."""
+    unknown = {}
+    for name in locked_member_names():
+        member = inspect.getattr_static(KVBlockAllocator, name)
+        function = member.fget if isinstance(member, property) else member
+        result = str(function.__annotations__.get("return"))
+        if name not in LIVE_STATE and result not in VALUE_RESULTS:
+            unknown[name] = result
+    assert not unknown, (
+        f"add to LIVE_STATE (prefixcache/engine/locked.py) or VALUE_RESULTS: {unknown}"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(LIVE_STATE & set(locked_member_names())))
+def test_live_state_is_refused_with_the_way_to_reach_it(name: str) -> None:
+    shared = make_shared()
+    with pytest.raises(AttributeError, match=rf"with shared.lock: shared.allocator.{name}"):
+        getattr(shared, name)
 
 
 def test_a_member_the_wrapper_cannot_lock_stops_the_import() -> None:
