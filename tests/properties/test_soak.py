@@ -1,36 +1,21 @@
 """CI version of the soak: 10^5 random operations in all, spread over every online policy.
 
-The engine lives in ``benchmarks/soak.py`` (the full run is 10^7 operations
-per policy); it is loaded here by path, since ``benchmarks/`` is not a package
-and is never collected. Each run checks the invariants and every reference
-count against the driver's requests every 1,000 operations, and ends by
-releasing everything and checking that the pool is whole again.
+The driver is :mod:`prefixcache.tools.soak` (``python benchmarks/soak.py`` runs
+it for 10^7 operations per policy). Each run checks the invariants and every
+reference count against the driver's requests every 1,000 operations, and
+ends by releasing everything and checking that the pool is whole again.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
+
+from prefixcache.tools import soak
 
 CI_TOTAL_OPS = 100_000
 CHECK_EVERY = 1_000
 
 
-def _load_soak() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
-    spec = importlib.util.spec_from_file_location("prefixcache_soak", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _load_soak()
 POLICIES = soak.soak_policies()
 
 
