@@ -9,6 +9,8 @@ restored changes the outputs.
 from __future__ import annotations
 
 import random
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
@@ -241,3 +243,13 @@ def test_bad_configuration_is_a_config_error() -> None:
     groups = LayerGroups(GROUPS, device="cpu", **sizes)
     with pytest.raises(ConfigError):  # checkpoints of another pool
         HybridMemory(groups, None, make().checkpoints)
+
+
+def test_the_example_reuses_the_shared_prompt_and_matches_the_uncached_run(capsys) -> None:
+    example = Path(__file__).parents[2] / "examples" / "hybrid_model.py"
+    runpy.run_path(str(example), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    served = [line for line in lines if line.startswith("request ")]
+    assert len(served) == 3
+    assert all(line.endswith("outputs equal to the uncached run: True") for line in served)
+    assert "reused 0 " in served[0] and all("reused 16 " in line for line in served[1:])
