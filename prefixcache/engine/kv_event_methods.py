@@ -27,7 +27,7 @@ class KVEventMethods:
         """Validate the optional token IDs of a registration (kept only for events)."""
         if token_ids is None:
             return None
-        tokens = to_int_array(token_ids, "token_ids").tolist()
+        tokens: list[int] = to_int_array(token_ids, "token_ids").tolist()
         expected = num_blocks * self.block_size_tokens
         if len(tokens) != expected:
             raise InvalidArgumentError(

@@ -57,7 +57,8 @@ class ReferenceTable:
 
     def is_unreferenced(self, block_ids: np.ndarray) -> np.ndarray:
         """Mask of the blocks that no request, running or paused, holds."""
-        return (self.active[block_ids] + self.paused[block_ids]) == 0
+        unreferenced: np.ndarray = (self.active[block_ids] + self.paused[block_ids]) == 0
+        return unreferenced
 
     def check_can_drop(
         self,

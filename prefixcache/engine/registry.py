@@ -22,7 +22,7 @@ cost more than a few scalar updates (benchmarks/bench_core.py, eviction of one b
 
 def _read_only(array: np.ndarray) -> np.ndarray:
     """A view of ``array`` that raises on writes: only the registry changes its arrays."""
-    view = array.view()
+    view: np.ndarray = array.view()
     view.flags.writeable = False
     return view
 

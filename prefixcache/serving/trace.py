@@ -146,7 +146,7 @@ def _parse_line(line: str, line_number: int, source: str) -> TraceRequest:
 
 
 def _is_count(value: object) -> bool:
-    return is_int(value) and value >= 0
+    return is_int(value) and bool(value >= 0)  # a numpy count compares to a numpy bool
 
 
 def trace_block_hashes(hash_ids: Iterable[int]) -> list[int]:
