@@ -48,6 +48,7 @@ for number, question in enumerate(questions):
     # Match on the prompt minus its last token: that token is always computed (its
     # logits start the answer).
     request = memory.admit(compute_block_hashes(tokens[:-1], BLOCK_SIZE), len(tokens))
+    assert request is not None  # None only when the pools cannot hold the request
     hit = request.num_hit_tokens
     outputs = []
     for stop in [*memory.chunk_boundaries(request), len(tokens)]:  # chunks end at checkpoints
@@ -69,4 +70,5 @@ for number, question in enumerate(questions):
     memory.finish(request)
     memory.check_invariants()
 
+assert memory.checkpoints is not None  # the model has linear-attention layers
 print("checkpoints:", memory.checkpoints.stats())
