@@ -497,6 +497,7 @@ template <class Source, class Kernel = xxh3_detail::DefaultKernel>
 inline uint64_t xxh3_64_source(const Source& src, size_t len, uint64_t seed = 0) noexcept {
   if (len <= xxh3_detail::kMidSizeMax) {
     uint8_t buf[xxh3_detail::kMidSizeMax];
+    std::memset(buf, 0, 4);  // never read unwritten, but GCC's -Wmaybe-uninitialized cannot tell
     src.copy(len, buf);
     return xxh3_detail::hash_short(buf, len, seed);
   }
