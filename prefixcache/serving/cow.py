@@ -242,7 +242,7 @@ class PartialBlockTable:
     # ------------------------------------------------------------------ internals
 
     def _tail(self, request: object) -> int:
-        block_id = self._tail_of.get(request) if _is_hashable(request) else None  # type: ignore[arg-type]
+        block_id = self._tail_of.get(request) if _is_hashable(request) else None
         if block_id is None:
             raise InvalidArgumentError(f"request {request!r} has no tracked partial block")
         return block_id

@@ -290,10 +290,10 @@ class HybridMemory:
             self.state_pool.check_invariants()
         if self.checkpoints is not None:
             self.checkpoints.check_invariants()
+        pool = self.state_pool
         for request in self._requests.values():
-            if request.state_slot is not None and not self.state_pool.is_allocated(  # type: ignore[union-attr]
-                request.state_slot
-            ):
+            slot = request.state_slot
+            if slot is not None and (pool is None or not pool.is_allocated(slot)):
                 raise InvariantError(f"request in slot {request.slot} lost its state slot")
 
     def _check(self, request: object) -> None:

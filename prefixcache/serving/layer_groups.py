@@ -219,7 +219,7 @@ class LayerGroups:
                     ),
                     block_size_tokens=self.block_size,
                     eviction_policy=eviction_policy,
-                    device=self.device,
+                    device=str(self.device),
                 )
             )
             self.allocators[pool] = allocator
