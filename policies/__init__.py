@@ -8,18 +8,24 @@ few cache lifetimes, per use-count and depth class), ``"reuse_lru"`` (LRU with a
 prefixes, counts kept across evictions), ``"protected_lru"`` (blocks used
 once evicted before reused ones, use counts kept across evictions by hash),
 ``"priority"`` (retention
-priorities per prefix with expiry), ``"ref_zero"`` (keeps nothing
-unreferenced) and ``"belady"`` (the offline optimum, for trace replay only:
-it needs to know the future). A third-party package adds its own either at
-run time with :func:`register` or, without any import, through the
+priorities per prefix with expiry), ``"ref_zero"`` (an alias of the
+configuration's ``cache_unreferenced=False``: nothing unreferenced is kept)
+and ``"belady"`` (the offline optimum, for trace replay only: it needs to
+know the future).
+
+Every policy subclasses :class:`EvictionPolicy` (``base.py``): seven
+abstract methods, transactions with an undo log, three optional hooks.
+A third-party package adds its own (``examples/custom_policy.py``, checked
+with :class:`prefixcache.testing.PolicyContract`) either at run time with
+:func:`register` or, without any import, through the
 ``prefixcache.policies`` entry-point group::
 
     [project.entry-points."prefixcache.policies"]
     my_policy = "my_package.my_module:MyPolicy"
 
->>> import policies
->>> policies.get("lru").retains_unreferenced
-True
+>>> from prefixcache import policies
+>>> type(policies.get("lru")).__name__
+'LRUPolicy'
 """
 
 from __future__ import annotations
@@ -30,12 +36,12 @@ from typing import Any, TypeVar
 
 from prefixcache.policies.arc import ARCPolicy
 from prefixcache.policies.base import (
+    OPTIONAL_HOOKS,
     EvictionPolicy,
-    ObservesRegistrations,
-    ObservesRollbacks,
-    PredictsNextVictim,
-    SupportsRetention,
     UnknownPolicyError,
+    deprecated_protocol,
+    has_hook,
+    is_transactional,
 )
 from prefixcache.policies.belady import BeladyPolicy
 from prefixcache.policies.fifo import FIFOPolicy
@@ -51,6 +57,7 @@ from prefixcache.policies.slru import SLRUPolicy
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "OPTIONAL_HOOKS",
     "ARCPolicy",
     "BeladyPolicy",
     "EvictionPolicy",
@@ -58,19 +65,17 @@ __all__ = [
     "HazardPolicy",
     "LFUPolicy",
     "LRUPolicy",
-    "ObservesRegistrations",
-    "ObservesRollbacks",
-    "PredictsNextVictim",
     "PriorityPolicy",
     "ProtectedLRUPolicy",
     "RefZeroPolicy",
     "ReuseLRUPolicy",
     "S3FIFOPolicy",
     "SLRUPolicy",
-    "SupportsRetention",
     "UnknownPolicyError",
     "available",
     "get",
+    "has_hook",
+    "is_transactional",
     "register",
 ]
 
@@ -93,6 +98,11 @@ _registry: dict[str, type] = {
 }
 
 
+def __getattr__(name: str) -> Any:
+    """The deprecated protocols (``SupportsRetention``, ...), with a DeprecationWarning."""
+    return deprecated_protocol(name, __name__)
+
+
 def register(name: str) -> Callable[[_T], _T]:
     """Class decorator that registers a policy under ``name``.
 
@@ -112,7 +122,7 @@ def register(name: str) -> Callable[[_T], _T]:
 def _load_entry_point(name: str) -> type | None:
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         if entry.name == name:
-            cls = entry.load()
+            cls: type = entry.load()
             _registry[name] = cls
             return cls
     return None
@@ -134,4 +144,5 @@ def get(name: str, **kwargs: Any) -> EvictionPolicy:
     cls = _registry.get(name) or _load_entry_point(name)
     if cls is None:
         raise UnknownPolicyError(name, available())
-    return cls(**kwargs)
+    policy: EvictionPolicy = cls(**kwargs)
+    return policy

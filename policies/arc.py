@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from prefixcache.policies.base import EvictionPolicy
+from prefixcache.policies.linked_map import LinkedMap
 from sortedcontainers import SortedList
 
+_Ghost = tuple[LinkedMap[None], int, list[Any], float]
+"""A ghost hit, as taken back: the list it left, the hash, its link and ``p`` before."""
 
-class ARCPolicy:
+
+class ARCPolicy(EvictionPolicy):
     """Adaptive replacement: a recency list, a frequency list and a ghost list for each.
 
     Leaves used once sit in ``T1``; leaves used at least twice (hit while
@@ -31,11 +35,9 @@ class ARCPolicy:
     hit before) goes to ``T2``. Ghost lists hold hashes only, never blocks,
     each its ``ghost_capacity`` most recent.
 
-    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
-    with what it changed (a ghost removed in place, ``p``, a stay, a key),
-    so the allocator journal's inverse calls restore all of it: an evicted
-    leaf put back returns to its list without a ghost hit, and its ghost
-    entry goes.
+    Transactions: each change is recorded with what it replaced (a ghost
+    removed in place, ``p``, a stay, a key), so an abort restores all of it:
+    an evicted leaf put back returns to its list and its ghost entry goes.
 
     What it uses: ``last_access``, ``num_accesses`` and ``block_hash``.
 
@@ -59,8 +61,6 @@ class ARCPolicy:
     Complexity: ``insert``, ``discard`` and ``touch`` O(log n); ``evict(k)``
     O(k log n). Memory: O(pool size + 2 x ghost_capacity). Not thread-safe.
     """
-
-    retains_unreferenced = True
 
     def __init__(self, ghost_capacity: int = 50_000, initial_recency_share: float = 0.5) -> None:
         if (
@@ -86,15 +86,11 @@ class ARCPolicy:
         self._stays: dict[int, tuple[int, int, bool]] = {}
         self._b1: LinkedMap[None] = LinkedMap()  # hashes evicted from T1, oldest first
         self._b2: LinkedMap[None] = LinkedMap()  # hashes evicted from T2, oldest first
-        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id`` in T1 or T2, adapting ``p`` on a ghost hit. Complexity: O(log n)."""
-        args = (block_hash, last_access, num_accesses, depth)
-        if self._undo.undo_insert(block_id, args, self._restore):
-            return
         stay = self._stays.get(block_id)
         ghost = None
         if stay is not None and stay[0] == block_hash and stay[1] <= num_accesses:
@@ -106,9 +102,24 @@ class ARCPolicy:
                 frequent = ghost is not None
         self._stays[block_id] = (block_hash, num_accesses, frequent)
         self._place(block_id, last_access, frequent)
-        self._undo.inserted(block_id, args, (stay, ghost))
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._uninsert, block_id, stay, ghost))
 
-    def _ghost_hit(self, block_hash: int) -> tuple[LinkedMap[None], int, list[Any], float] | None:
+    def _uninsert(
+        self, block_id: int, stay: tuple[int, int, bool] | None, ghost: _Ghost | None
+    ) -> None:
+        """Take an insert back: untrack, the stay as before, a ghost hit undone."""
+        self._remove(block_id)
+        if stay is None:
+            del self._stays[block_id]
+        else:
+            self._stays[block_id] = stay
+        if ghost is not None:
+            ghosts, block_hash, link, self._recency_share = ghost
+            ghosts.relink(block_hash, link)
+
+    def _ghost_hit(self, block_hash: int) -> _Ghost | None:
         """Adapt ``p`` if ``block_hash`` is a ghost and drop it from its list.
 
         Returns what puts it back (its list, the hash, its link, the old ``p``), or None if not
@@ -142,7 +153,10 @@ class ARCPolicy:
         Raises:
             KeyError: ``block_id`` is not tracked.
         """
-        self._undo.discarded(block_id, self._remove(block_id))
+        key, in_t2 = self._remove(block_id)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._put_back, block_id, key, in_t2))
 
     def _remove(self, block_id: int) -> tuple[tuple[int, int], bool]:
         """Untrack ``block_id``; return its key and whether it sat in T2."""
@@ -150,6 +164,12 @@ class ARCPolicy:
         in_t2 = self._in_t2.pop(block_id)
         (self._t2 if in_t2 else self._t1).remove(key)
         return key, in_t2
+
+    def _put_back(self, block_id: int, key: tuple[int, int], in_t2: bool) -> None:
+        """Track ``block_id`` at ``key`` in its old list again."""
+        self._key_of[block_id] = key
+        self._in_t2[block_id] = in_t2
+        (self._t2 if in_t2 else self._t1).add(key)
 
     def touch(self, block_id: int, now: int) -> None:
         """Record a use at ``now``: the leaf moves to T2. Complexity: O(log n).
@@ -161,11 +181,21 @@ class ARCPolicy:
         stay = self._stays[block_id]
         self._stays[block_id] = (stay[0], stay[1], True)
         self._place(block_id, now, True)
-        self._undo.touched(block_id, now, (key, in_t2, stay))
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._untouch, block_id, key, in_t2, stay))
+
+    def _untouch(
+        self, block_id: int, key: tuple[int, int], in_t2: bool, stay: tuple[int, int, bool]
+    ) -> None:
+        self._remove(block_id)
+        self._stays[block_id] = stay
+        self._put_back(block_id, key, in_t2)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves by ARC's rule. Complexity: O(k log n)."""
         victims: list[int] = []
+        undo = self._txn_undo
         while len(victims) < num_blocks and self._key_of:
             t1_over_share = len(self._t1) > self._recency_share * len(self._key_of)
             from_t1 = bool(self._t1) and (t1_over_share or not self._t2)
@@ -175,11 +205,28 @@ class ARCPolicy:
             stay = self._stays.pop(block_id)
             ghosts = self._b1 if from_t1 else self._b2
             remembered = self._remember(ghosts, stay[0])
-            self._undo.evicted(block_id, (key, not from_t1, stay, ghosts, remembered))
             victims.append(block_id)
-        if not victims:
-            self._undo.evicted_nothing()
+            if undo is not None:
+                undo.append((self._unevict, key, not from_t1, stay, ghosts, remembered))
         return victims
+
+    def _unevict(
+        self,
+        key: tuple[int, int],
+        in_t2: bool,
+        stay: tuple[int, int, bool],
+        ghosts: LinkedMap[None],
+        remembered: tuple[bool, tuple[int, list[Any]] | None],
+    ) -> None:
+        """Take an eviction back: the ghost entry as before, the victim in its list."""
+        block_id = key[1]
+        is_new, dropped = remembered
+        if dropped is not None:
+            ghosts.relink(*dropped)
+        if is_new:
+            ghosts.unlink(stay[0])
+        self._stays[block_id] = stay
+        self._put_back(block_id, key, in_t2)
 
     def _remember(
         self, ghosts: LinkedMap[None], block_hash: int
@@ -192,38 +239,6 @@ class ARCPolicy:
         dropped = ghosts.unlink_oldest() if len(ghosts) > self._ghost_capacity else None
         return is_new, dropped
 
-    def on_rollback(self) -> None:
-        """Forget what the inserts of a failed release taught (see ``ObservesRollbacks``)."""
-        self._undo.rolled_back(self._restore)
-
-    def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
-        if kind == INSERTED:
-            self._remove(block_id)
-            stay, ghost = data
-            if stay is None:
-                del self._stays[block_id]
-            else:
-                self._stays[block_id] = stay
-            if ghost is not None:
-                ghosts, block_hash, link, self._recency_share = ghost
-                ghosts.relink(block_hash, link)
-            return
-        if kind == TOUCHED:
-            self._remove(block_id)
-            key, in_t2, self._stays[block_id] = data
-        elif kind == EVICTED:
-            key, in_t2, self._stays[block_id], ghosts, (is_new, dropped) = data
-            if dropped is not None:
-                ghosts.relink(*dropped)
-            if is_new:
-                ghosts.unlink(self._stays[block_id][0])
-        else:
-            key, in_t2 = data
-        self._key_of[block_id] = key
-        self._in_t2[block_id] = in_t2
-        (self._t2 if in_t2 else self._t1).add(key)
-
     def clear(self) -> None:
         """Forget every tracked leaf, stay and ghost. Complexity: O(n)."""
         self._t1.clear()
@@ -234,7 +249,7 @@ class ARCPolicy:
         self._b1.clear()
         self._b2.clear()
         self._recency_share = self._initial_share
-        self._undo.clear()
+        self._txn_undo = None
 
     @property
     def recency_share(self) -> float:

@@ -1,23 +1,39 @@
-"""The contract between the allocator and an eviction policy.
+"""The contract between the engine and an eviction policy: one base class, one choke point.
 
 A policy orders the *evictable leaves* of the prefix cache: blocks that no
 request references, that carry a registered hash, and that have no registered
-child. The allocator tells it when a block becomes such a leaf
+child. The engine tells it when a block becomes such a leaf
 (:meth:`EvictionPolicy.insert`), when it stops being one (:meth:`discard`: a
 prefix hit took a reference, or a child was registered below it), and when a
 tracked leaf is touched. Under memory pressure it asks for victims
-(:meth:`evict`) and frees them. Evicting a leaf may turn its parent into a
-leaf, which the allocator then inserts, so a cached chain is eaten from the
-end and never cut in the middle.
+(:meth:`evict`, the one choke point) and frees them. Evicting a leaf may turn
+its parent into a leaf, which the engine then inserts, so a cached chain is
+eaten from the end and never cut in the middle.
+
+Every engine operation that calls the policy runs in a transaction
+(DESIGN.md, "The transaction rule"): :meth:`~EvictionPolicy.begin`, the
+calls, then :meth:`~EvictionPolicy.commit` when the operation succeeds or
+:meth:`~EvictionPolicy.abort` when it fails, which puts the policy's whole
+state back as it was at ``begin``. The base class keeps an undo log for
+that: a policy calls :meth:`~EvictionPolicy.record_undo` with the inverse of
+each change it makes, and pays nothing outside a transaction.
 
 A policy sees block IDs, clock values and the few facts passed to
-:meth:`insert`, never the allocator. This package imports nothing from
-``prefixcache``.
+:meth:`insert`, never the engine. This package imports nothing from
+``prefixcache`` outside ``prefixcache.policies``.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+OPTIONAL_HOOKS = ("on_register", "set_retention", "evicts_first")
+"""The optional methods whose base-class defaults a policy may override."""
+
+_LEGACY_METHODS = ("insert", "discard", "touch", "evict", "clear", "__len__", "__contains__")
 
 
 class UnknownPolicyError(KeyError):
@@ -32,19 +48,43 @@ class UnknownPolicyError(KeyError):
         return f"unknown eviction policy {self.name!r}; known policies: {', '.join(self.known)}"
 
 
-@runtime_checkable
-class EvictionPolicy(Protocol):
-    """What every eviction policy implements.
+class EvictionPolicy(ABC):
+    """What every eviction policy is: seven abstract methods, transactions, three hooks.
+
+    Tracking (abstract): :meth:`insert`, :meth:`discard`, :meth:`touch`,
+    :meth:`evict`, :meth:`clear`, ``__len__``, ``__contains__``.
+
+    Transactions (concrete, an undo log): :meth:`begin`, :meth:`commit`,
+    :meth:`abort`, and :meth:`record_undo` for subclasses. Between ``begin``
+    and ``abort`` every call is undone, whatever it was (``on_register`` and
+    ``set_retention`` included): the eviction order, ages, ghost lists,
+    histories, clocks and retention entries all return to their state at
+    ``begin``. A method that raises inside a transaction may leave a partial
+    change: ``abort`` takes it back too, provided the method recorded each
+    change right after making it. Outside a transaction calls are final and
+    cost nothing extra. A policy may instead override ``begin``, ``commit``
+    and ``abort`` (for example with a copy of its state taken on first
+    write), as long as the laws of :class:`prefixcache.testing.PolicyContract`
+    hold.
+
+    Optional hooks (defaults here; the engine checks :func:`has_hook` once,
+    so a policy pays nothing for a hook it does not override):
+    :meth:`on_register`, :meth:`set_retention`, :meth:`evicts_first`.
+
+    Subclasses are not thread-safe unless they say so: one engine owns a policy.
 
     Attributes:
-        retains_unreferenced: ``True`` if blocks whose last reference is
-            released stay cached until evicted. ``False`` (the ref-zero policy)
-            tells the allocator to drop a hashed block as soon as no request
-            references it.
+        retains_unreferenced: deprecated. Whether unreferenced blocks stay
+            cached is the configuration's ``cache_unreferenced``; the
+            ``ref_zero`` policy sets it ``False`` as an alias.
     """
 
-    retains_unreferenced: bool
+    retains_unreferenced: ClassVar[bool] = True
+    _txn_undo: list[tuple[Any, ...]] | None = None  # the open transaction's undo log
 
+    # ------------------------------------------------------------------ tracking
+
+    @abstractmethod
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
@@ -61,117 +101,217 @@ class EvictionPolicy(Protocol):
                 (1 for a block filled once and never hit again).
             depth: 0-based position of the block in its hash chain.
         """
-        ...
 
+    @abstractmethod
     def discard(self, block_id: int) -> None:
-        """Stop tracking ``block_id`` (it was hit or gained a child). Tracked IDs only."""
-        ...
+        """Stop tracking ``block_id`` (it was hit or gained a child).
 
+        Raises:
+            KeyError: ``block_id`` is not tracked (nothing changes).
+        """
+
+    @abstractmethod
     def touch(self, block_id: int, now: int) -> None:
-        """Record an access at clock ``now`` to the tracked leaf ``block_id``."""
-        ...
+        """Record an access at clock ``now`` to the tracked leaf ``block_id``.
 
+        Raises:
+            KeyError: ``block_id`` is not tracked (nothing changes).
+        """
+
+    @abstractmethod
     def evict(self, num_blocks: int) -> list[int]:
         """Choose up to ``num_blocks`` tracked leaves, stop tracking them, return them.
 
-        Returns fewer than asked only when fewer are tracked. The allocator
-        may call again after inserting the parents that the victims exposed.
+        The one choke point: every victim comes from here. Returns fewer than
+        asked only when fewer are tracked, and never an untracked block. The
+        engine may call again after inserting the parents the victims exposed.
         """
-        ...
 
+    @abstractmethod
     def clear(self) -> None:
-        """Forget every tracked block (allocator reset)."""
-        ...
+        """Forget every tracked block and all history (engine reset).
 
+        Not transactional: it ends any open transaction without undo.
+        """
+
+    @abstractmethod
     def __len__(self) -> int:
         """Number of tracked leaves."""
-        ...
 
+    @abstractmethod
     def __contains__(self, block_id: object) -> bool:
         """Whether ``block_id`` is tracked."""
-        ...
 
+    # ------------------------------------------------------------------ transactions
 
-@runtime_checkable
-class SupportsRetention(Protocol):
-    """A policy that honours per-prefix retention priorities (TensorRT-LLM style).
+    def begin(self) -> None:
+        """Open a transaction; one still open is committed first. Complexity: O(1)."""
+        self._txn_undo = []
 
-    The allocator forwards :meth:`KVBlockAllocator.set_retention_priority`
-    calls here. Priorities are keyed by block hash, so they follow a prefix
-    across evictions and block-ID reuse.
-    """
+    def commit(self) -> None:
+        """Keep every change since :meth:`begin` and close the transaction. Complexity: O(1)."""
+        self._txn_undo = None
 
-    def set_retention(self, block_hash: int, priority: int, expires_at: int | None) -> None:
-        """Give ``block_hash`` retention ``priority`` until clock ``expires_at`` (None: forever).
+    def abort(self) -> None:
+        """Undo every change since :meth:`begin`, newest first, and close the transaction.
 
-        Lower priorities are evicted first. After ``expires_at`` the hash falls
-        back to the policy's default priority.
+        Without an open transaction it does nothing. Must not raise.
+        Complexity: O(changes recorded).
         """
-        ...
+        undo = self._txn_undo
+        self._txn_undo = None  # the inverses run untracked
+        while undo:
+            entry = undo.pop()
+            entry[0](*entry[1:])
 
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open (changes are being recorded). Complexity: O(1)."""
+        return self._txn_undo is not None
 
-@runtime_checkable
-class ObservesRegistrations(Protocol):
-    """A policy that wants to hear of every hash registered, not only of evictable leaves.
+    def record_undo(self, inverse: Callable[..., object], *args: Any) -> None:
+        """In a transaction, remember to call ``inverse(*args)`` should it abort.
 
-    A prefix that was evicted and is computed again inside a longer request
-    comes back registered but, being an inner block, never becomes a leaf while
-    that request runs: without this hook a policy keeping history by hash
-    never learns of the return. The allocator calls :meth:`on_register` once
-    per run of consecutive chain positions a registration adds, before it
-    commits the registration.
-    """
+        Call it right after each change, with what takes exactly that change
+        back given the state right after it; :meth:`abort` calls the
+        inverses newest first. Outside a transaction it does nothing. Hot
+        paths may inline it: ``undo = self._txn_undo``, then ``if undo is
+        not None: undo.append((inverse, *args))``. Complexity: O(1).
+        """
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((inverse, *args))
+
+    # ------------------------------------------------------------------ optional hooks
 
     def on_register(self, block_hashes: list[int], first_depth: int) -> None:
         """``block_hashes`` were just registered as one chain run, the first at ``first_depth``.
 
-        The list belongs to the caller: copy what you keep. Keep it cheap: it
-        is on the serving path. If it raises, the registration does not happen
-        and the allocator is unchanged, but what the hook already recorded in
-        the policy's history stays.
+        Every hash registered, not only evictable leaves: a prefix evicted and
+        computed again inside a longer request comes back registered but,
+        being an inner block, never becomes a leaf while that request runs.
+        The engine calls it once per run of consecutive chain positions a
+        registration adds, before it commits the registration. The list
+        belongs to the caller: copy what you keep. The default does nothing.
+        Complexity: O(len(block_hashes)) at most; it is on the serving path.
         """
-        ...
+        return None
 
+    def set_retention(self, block_hash: int, priority: int, expires_at: int | None) -> None:
+        """Give ``block_hash`` retention ``priority`` until clock ``expires_at`` (None: forever).
 
-@runtime_checkable
-class ObservesRollbacks(Protocol):
-    """A policy that wants to know when the allocator took back a failed call's policy calls.
+        Lower priorities are evicted first; after ``expires_at`` the hash
+        falls back to the policy's default priority. The allocator's
+        ``set_retention_priority`` forwards here when :func:`has_hook` says
+        the policy overrides it.
 
-    When an allocator call fails after some policy calls, the allocator
-    replays their inverses, newest first (a discard for an insert, an insert
-    for a discard or a victim, a discard and an insert for a touch), then
-    calls :meth:`on_rollback`. A failed release is taken back by discards
-    alone, the same calls as a hit right after a release: only this signal
-    tells them apart, so a policy that learns on insert (a ghost hit, a
-    remembered stay) can forget what the aborted inserts taught it.
-    """
-
-    def on_rollback(self) -> None:
-        """The policy calls since the failed allocator call began were taken back.
-
-        Called once per rollback that replayed at least one inverse call,
-        right after the last one. Must not raise.
+        Raises:
+            NotImplementedError: the default; the policy has no priorities.
         """
-        ...
-
-
-@runtime_checkable
-class PredictsNextVictim(Protocol):
-    """A policy that can tell, without a change, whether a leaf would be its next victim.
-
-    Evicting a chain from its end exposes the parent of each victim, which
-    the allocator must insert before asking for the next victim; under LRU
-    that parent, older than its child, is usually the next victim itself.
-    With this method the allocator skips the insert-and-evict round trip in
-    that case, and the order of victims is exactly as without it.
-    """
+        raise NotImplementedError(f"{type(self).__name__} has no retention priorities")
 
     def evicts_first(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> bool:
         """Whether ``evict(1)`` would return ``block_id`` right after inserting it with these.
 
-        Must not change which leaves are tracked or their order (dropping stale
-        internal entries is fine). Arguments as for :meth:`EvictionPolicy.insert`.
+        Evicting a chain from its end exposes the parent of each victim; under
+        LRU that parent is usually the next victim itself, and with this hook
+        the engine skips the insert-and-evict round trip. Must not change
+        which leaves are tracked or their order. The default, ``False``
+        (no prediction), is always correct. Arguments as for :meth:`insert`.
         """
-        ...
+        return False
+
+    # ------------------------------------------------------------------ legacy
+
+    @classmethod
+    def __subclasshook__(cls, subclass: type) -> bool | Any:
+        """A class with the seven tracking methods counts as a policy (the old protocol).
+
+        Such a *legacy* policy does not subclass this class: it has no
+        transactions, so the engine takes its calls back with inverse calls
+        (see :func:`is_transactional`), and building it warns.
+        """
+        if cls is EvictionPolicy and all(
+            callable(getattr(subclass, name, None)) for name in _LEGACY_METHODS
+        ):
+            return True
+        return NotImplemented
+
+
+def is_transactional(policy: object) -> bool:
+    """Whether ``policy`` subclasses :class:`EvictionPolicy` (and so has transactions). O(1)."""
+    return EvictionPolicy in type(policy).__mro__
+
+
+def has_hook(policy: object, name: str) -> bool:
+    """Whether ``policy`` implements the optional hook ``name`` (one of :data:`OPTIONAL_HOOKS`).
+
+    A subclass has it when it overrides the base-class default; a legacy
+    policy when it has the method at all. The engine asks once, at
+    construction. Complexity: O(1).
+
+    Raises:
+        ValueError: ``name`` is not an optional hook.
+    """
+    if name not in OPTIONAL_HOOKS:
+        raise ValueError(f"{name!r} is not an optional hook; hooks: {', '.join(OPTIONAL_HOOKS)}")
+    method = getattr(type(policy), name, None)
+    return callable(method) and method is not getattr(EvictionPolicy, name)
+
+
+# ---------------------------------------------------------------- deprecated protocols
+
+
+class _HookCheck(type):
+    """Metaclass of the deprecated protocols: ``isinstance`` asks :func:`has_hook`."""
+
+    _hook: str
+    _advice: str
+
+    def __instancecheck__(cls, instance: object) -> bool:
+        if cls._hook in OPTIONAL_HOOKS:
+            return has_hook(instance, cls._hook)
+        return callable(getattr(type(instance), cls._hook, None))
+
+
+def _protocol(name: str, hook: str, advice: str) -> _HookCheck:
+    return _HookCheck(name, (), {"_hook": hook, "_advice": advice, "__doc__": advice})
+
+
+_DEPRECATED = {
+    name: _protocol(name, hook, advice)
+    for name, hook, advice in (
+        ("SupportsRetention", "set_retention", "ask has_hook(policy, 'set_retention')"),
+        ("ObservesRegistrations", "on_register", "ask has_hook(policy, 'on_register')"),
+        ("PredictsNextVictim", "evicts_first", "ask has_hook(policy, 'evicts_first')"),
+        (
+            "ObservesRollbacks",
+            "on_rollback",
+            "nothing calls on_rollback: a failed call ends with EvictionPolicy.abort()",
+        ),
+    )
+}
+
+
+def deprecated_protocol(name: str, module: str) -> Any:
+    """The deprecated protocol ``name`` (``isinstance`` = :func:`has_hook`), with a warning.
+
+    Raises:
+        AttributeError: ``name`` is no deprecated protocol.
+    """
+    protocol = _DEPRECATED.get(name)
+    if protocol is not None:
+        warnings.warn(
+            f"{module}.{name} is deprecated: optional hooks are methods of EvictionPolicy; "
+            f"{protocol._advice}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return protocol
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_protocol(name, __name__)

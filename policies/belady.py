@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from prefixcache.policies.base import EvictionPolicy
 from sortedcontainers import SortedList
 
 
-class BeladyPolicy:
+class BeladyPolicy(EvictionPolicy):
     """Evicts the leaf whose next use lies furthest in the future.
 
     The ceiling that online policies are measured against: it needs the
@@ -43,11 +44,12 @@ class BeladyPolicy:
     Args:
         next_use: block ID -> index of its next use (larger = later).
 
+    Transactions: a key is removed or put back as an undo of each change;
+    ``next_use`` is not asked again on abort.
+
     Complexity: ``insert``, ``discard`` and ``touch`` O(log n) plus one
     ``next_use`` call; ``evict(k)`` O(k log n). Not thread-safe.
     """
-
-    retains_unreferenced = True
 
     def __init__(self, next_use: Callable[[int], int]) -> None:
         if not callable(next_use):
@@ -62,20 +64,33 @@ class BeladyPolicy:
     ) -> None:
         """Track ``block_id`` by its next use and its depth. O(log n)."""
         key = (self._next_use(block_id), depth, block_id)
-        self._key_of[block_id] = key
+        self._put(key)
+        self.record_undo(self._remove, block_id)
+
+    def _put(self, key: tuple[int, int, int]) -> None:
+        self._key_of[key[2]] = key
         self._order.add(key)
+
+    def _remove(self, block_id: int) -> tuple[int, int, int]:
+        key = self._key_of.pop(block_id)
+        self._order.remove(key)
+        return key
 
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``. O(log n)."""
-        self._order.remove(self._key_of.pop(block_id))
+        self.record_undo(self._put, self._remove(block_id))
 
     def touch(self, block_id: int, now: int) -> None:
         """A touch is a use, so ask ``next_use`` again and re-rank. O(log n)."""
         _, depth, _ = old = self._key_of[block_id]
-        self._order.remove(old)
         key = (self._next_use(block_id), depth, block_id)
-        self._key_of[block_id] = key
-        self._order.add(key)
+        self._remove(block_id)
+        self._put(key)
+        self.record_undo(self._retouch, key, old)
+
+    def _retouch(self, key: tuple[int, int, int], old: tuple[int, int, int]) -> None:
+        self._remove(key[2])
+        self._put(old)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove and return up to ``num_blocks`` leaves, furthest next use first. O(k log n)."""
@@ -85,14 +100,16 @@ class BeladyPolicy:
         victims = self._order[start:]
         del self._order[start:]
         key_of = self._key_of
-        for _, _, block_id in victims:
-            del key_of[block_id]
+        for key in victims:
+            del key_of[key[2]]
+            self.record_undo(self._put, key)
         return [block_id for _, _, block_id in reversed(victims)]
 
     def clear(self) -> None:
         """Forget every tracked leaf. O(n)."""
         self._order.clear()
         self._key_of.clear()
+        self._txn_undo = None
 
     def __len__(self) -> int:
         return len(self._key_of)

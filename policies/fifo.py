@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefixcache.policies.undo import INSERTED, TOUCHED, UndoLog
+from prefixcache.policies.base import EvictionPolicy
 from sortedcontainers import SortedList
 
 
-class FIFOPolicy:
+class FIFOPolicy(EvictionPolicy):
     """Evicts the leaf that entered the cache first; touches do not reorder.
 
     A block enters the cache when its last reference is released; its place
@@ -23,13 +21,8 @@ class FIFOPolicy:
     hand-out, which is never later than its child's, so a chain leaves the
     queue from its end rather than being re-queued at the back.
 
-    Rollback: the allocator journal puts a removed or touched leaf back with
-    the arguments it has, whose ``last_access`` counts the touches FIFO
-    ignores, so a plain insert would queue a touched leaf at its last touch.
-    Every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog` with the key
-    it removed, so those inverse calls put the old key back. A release taken
-    back needs no ``on_rollback``: discarding a leaf just inserted leaves
-    nothing behind here.
+    Transactions: an insert is undone by dropping its key, a removal by
+    queueing the removed key again; a touch changes nothing.
 
     >>> policy = FIFOPolicy()
     >>> policy.insert(7, block_hash=70, last_access=1, num_accesses=1, depth=0)
@@ -42,57 +35,54 @@ class FIFOPolicy:
     ``evict(k)`` O(k log n). Not thread-safe.
     """
 
-    retains_unreferenced = True
-
     def __init__(self) -> None:
         self._order: SortedList = SortedList()  # (entry clock, block ID), first out first
         self._key_of: dict[int, tuple[int, int]] = {}
-        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Queue ``block_id`` at its last hand-out. Complexity: O(log n)."""
-        args = (block_hash, last_access, num_accesses, depth)
-        if self._undo.undo_insert(block_id, args, self._restore):
-            return
         key = (last_access, block_id)
         self._key_of[block_id] = key
         self._order.add(key)
-        self._undo.inserted(block_id, args, None)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._unqueue, block_id))
 
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``. Raises KeyError if untracked. Complexity: O(log n)."""
+        self._unqueue(block_id)
+
+    def _unqueue(self, block_id: int) -> None:
         key = self._key_of.pop(block_id)
         self._order.remove(key)
-        self._undo.discarded(block_id, key)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._queue, key))
+
+    def _queue(self, key: tuple[int, int]) -> None:
+        """Track ``key``'s block at ``key`` again (the inverse of a removal)."""
+        self._key_of[key[1]] = key
+        self._order.add(key)
 
     def touch(self, block_id: int, now: int) -> None:
         """Nothing moves in a FIFO. Raises KeyError if untracked. Complexity: O(1)."""
         if block_id not in self._key_of:
             raise KeyError(block_id)
-        self._undo.touched(block_id, now, None)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove and return up to ``num_blocks`` leaves, first in first. Complexity: O(k log n)."""
         victims: list[int] = []
+        undo = self._txn_undo
         while len(victims) < num_blocks and self._order:
             key = self._order.pop(0)
             block_id = key[1]
             del self._key_of[block_id]
-            self._undo.evicted(block_id, key)
             victims.append(block_id)
-        if not victims:
-            self._undo.evicted_nothing()
+            if undo is not None:
+                undo.append((self._queue, key))
         return victims
-
-    def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
-        if kind == INSERTED:
-            self._order.remove(self._key_of.pop(block_id))
-        elif kind != TOUCHED:  # a removal: ``data`` is the key
-            self._key_of[block_id] = data
-            self._order.add(data)
 
     def evicts_first(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
@@ -104,7 +94,7 @@ class FIFOPolicy:
         """Forget every tracked leaf. Complexity: O(n)."""
         self._order.clear()
         self._key_of.clear()
-        self._undo.clear()
+        self._txn_undo = None
 
     def __len__(self) -> int:
         return len(self._key_of)

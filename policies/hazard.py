@@ -7,7 +7,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from prefixcache.policies.base import EvictionPolicy
+from prefixcache.policies.linked_map import LinkedMap
 
 _BINS_PER_OCTAVE = 4  # age histogram resolution: bins grow by 2 ** (1 / 4)
 _NUM_AGE_BINS = 128  # covers idle ages up to 2 ** 32 clock ticks
@@ -45,7 +46,7 @@ class _Stay:
     klass: int
 
 
-class HazardPolicy:
+class HazardPolicy(EvictionPolicy):
     """Evicts the leaf least likely to be reused within the next cache lifetime.
 
     Blocks fall into classes by how often their prefix was used (1, 2, 3-4,
@@ -90,12 +91,11 @@ class HazardPolicy:
     seen, as the hook carries none) and keeps the earlier use count by hash
     (bounded like the history) until the block is inserted.
 
-    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
-    with what it changed (a stay, history entries removed in place, the
-    learned counts, and the score tables when it refreshed them), so the
-    allocator journal's inverse calls restore all of it: an evicted leaf
-    put back is not learned as a reuse at age 0 nor counted twice.
-    :meth:`on_register` cannot be taken back: it drops the records.
+    Transactions: each change is recorded with what it replaced (a stay,
+    history entries removed in place, the learned counts, and the score
+    tables when it refreshed them), so an abort restores all of it, what
+    :meth:`on_register` learned included. Outside a transaction nothing of
+    that is kept.
 
     >>> policy = HazardPolicy()
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=1, depth=0)
@@ -123,9 +123,11 @@ class HazardPolicy:
     hash. Memory: O(pool size + history_capacity). Not thread-safe.
     """
 
-    retains_unreferenced = True
-
     _REFRESH_EVENTS = 256
+    # Set by clear(), which __init__ calls.
+    _heaps: list[list[tuple[int, int, int]]]
+    _now: int
+    _events: int
 
     def __init__(
         self,
@@ -160,30 +162,36 @@ class HazardPolicy:
 
     # -- learning -----------------------------------------------------------------
 
-    def _enter(self, klass: int, learned: list[tuple[int, int, float]]) -> None:
+    def _enter(self, klass: int, learned: list[Any] | None) -> None:
         """Count a block entering ``klass``; note the old count in ``learned`` (bin -1)."""
-        learned.append((klass, -1, self._entered[klass]))
+        if learned is not None:
+            learned.append((klass, -1, self._entered[klass]))
         self._entered[klass] += 1.0
         self._tick(learned)
 
-    def _record_reuse(self, klass: int, age: int, learned: list[tuple[int, int, float]]) -> None:
+    def _record_reuse(self, klass: int, age: int, learned: list[Any] | None) -> None:
         """Count a reuse at ``age``; note the old count in ``learned``."""
         reuses, age_bin = self._reuses[klass], _age_bin(max(age, 0))
-        learned.append((klass, age_bin, reuses[age_bin]))
+        if learned is not None:
+            learned.append((klass, age_bin, reuses[age_bin]))
         reuses[age_bin] += 1.0
 
-    def _tick(self, learned: list[Any]) -> None:
-        """Count an event; every ``_REFRESH_EVENTS``, refresh, noting the tables in ``learned``."""
+    def _tick(self, learned: list[Any] | None) -> None:
+        """Count an event; every ``_REFRESH_EVENTS``, refresh, noting the tables in ``learned``.
+
+        ``learned`` is None outside a transaction: nothing is noted.
+        """
         self._events += 1
         if self._events % self._REFRESH_EVENTS == 0:
-            learned.append(
-                (
-                    self._entered[:],
-                    [reuses[:] for reuses in self._reuses],
-                    [cumulative[:] for cumulative in self._cumulative],
-                    self._pooled,
+            if learned is not None:
+                learned.append(
+                    (
+                        self._entered[:],
+                        [reuses[:] for reuses in self._reuses],
+                        [cumulative[:] for cumulative in self._cumulative],
+                        self._pooled,
+                    )
                 )
-            )
             self._refresh()
 
     def _unlearn(self, learned: list[Any], events: int) -> None:
@@ -232,15 +240,16 @@ class HazardPolicy:
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id``, learning from a hit or a returning hash. Complexity: O(log n)."""
-        args = (block_hash, last_access, num_accesses, depth)
-        if self._undo.undo_insert(block_id, args, self._restore):
-            return
-        now, events, learned, links = self._now, self._events, [], []
+        undo = self._txn_undo
+        now, events = self._now, self._events
+        learned: list[Any] | None = None if undo is None else []
+        links: list[tuple[LinkedMap[Any], int, list[Any]]] = []
         self._now = max(now, last_access)
         stay = self._stays.get(block_id)
         old_stay = stay
         if stay is not None and stay.block_hash == block_hash and stay.num_accesses <= num_accesses:
-            old_stay = replace(stay)
+            if undo is not None:
+                old_stay = replace(stay)
             new_uses = num_accesses - stay.num_accesses
             if new_uses:
                 self._record_reuse(stay.klass, last_access - stay.last_access, learned)
@@ -265,7 +274,28 @@ class HazardPolicy:
             self._stays[block_id] = stay
             self._enter(klass, learned)
         self._push(block_id, stay)
-        self._undo.inserted(block_id, args, (old_stay, now, events, learned, links))
+        if undo is not None:
+            undo.append((self._uninsert, block_id, old_stay, now, events, learned, links))
+
+    def _uninsert(
+        self,
+        block_id: int,
+        stay: _Stay | None,
+        now: int,
+        events: int,
+        learned: list[Any],
+        links: list[tuple[LinkedMap[Any], int, list[Any]]],
+    ) -> None:
+        """Take an insert back: untrack, the stay, clock and counts as before, entries back."""
+        del self._tracked[block_id]
+        self._now = now
+        if stay is None:
+            del self._stays[block_id]
+        else:
+            self._stays[block_id] = stay
+        self._unlearn(learned, events)
+        for ghosts, block_hash, link in links:
+            ghosts.relink(block_hash, link)
 
     def on_register(self, block_hashes: list[int], first_depth: int) -> None:
         """Learn the reuse of every remembered hash that was just registered again.
@@ -279,15 +309,38 @@ class HazardPolicy:
 
         Complexity: O(len(block_hashes)).
         """
-        self._undo.commit()
+        undo = self._txn_undo
+        returned = self._returned
         for block_hash in block_hashes:
             ghost = self._history.unlink(block_hash)
-            if ghost is not None:
-                earlier_uses, earlier_access, earlier_class = ghost[2]
-                self._record_reuse(earlier_class, self._now - earlier_access, [])
-                self._returned.put(block_hash, earlier_uses)
-                if len(self._returned) > self._history_capacity:
-                    self._returned.unlink_oldest()
+            if ghost is None:
+                continue
+            earlier_uses, earlier_access, earlier_class = ghost[2]
+            learned: list[Any] | None = None if undo is None else []
+            self._record_reuse(earlier_class, self._now - earlier_access, learned)
+            old = returned.get(block_hash)  # None: not there
+            returned.put(block_hash, earlier_uses)
+            dropped = returned.unlink_oldest() if len(returned) > self._history_capacity else None
+            if undo is not None:
+                undo.append((self._unregister, block_hash, ghost, learned, old, dropped))
+
+    def _unregister(
+        self,
+        block_hash: int,
+        ghost: list[Any],
+        learned: list[Any],
+        old: int | None,
+        dropped: tuple[int, list[Any]] | None,
+    ) -> None:
+        """Take back what :meth:`on_register` did for ``block_hash``."""
+        if dropped is not None:
+            self._returned.relink(*dropped)
+        if old is None:
+            self._returned.unlink(block_hash)
+        else:
+            self._returned.put(block_hash, old)
+        self._unlearn(learned, self._events)
+        self._history.relink(block_hash, ghost)
 
     def _push(self, block_id: int, stay: _Stay) -> None:
         key = (stay.last_access, -stay.depth, block_id)
@@ -313,7 +366,13 @@ class HazardPolicy:
             KeyError: ``block_id`` is not tracked.
         """
         del self._tracked[block_id]
-        self._undo.discarded(block_id, None)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._retrack, block_id))
+
+    def _retrack(self, block_id: int) -> None:
+        """Track ``block_id`` again at the key its stay gives (the inverse of a discard)."""
+        self._push(block_id, self._stays[block_id])
 
     def touch(self, block_id: int, now: int) -> None:
         """Record a reuse at ``now``. Complexity: O(log n) amortised.
@@ -323,7 +382,11 @@ class HazardPolicy:
         """
         del self._tracked[block_id]
         stay = self._stays[block_id]
-        undo = (replace(stay), self._now, self._events, learned := [])
+        undo = self._txn_undo
+        learned: list[Any] | None = None
+        if undo is not None:
+            learned = []
+            undo.append((self._untouch, block_id, replace(stay), self._now, self._events, learned))
         self._now = max(self._now, now)
         self._record_reuse(stay.klass, now - stay.last_access, learned)
         stay.num_uses += 1
@@ -331,7 +394,15 @@ class HazardPolicy:
         stay.klass = _class_of(stay.num_uses, stay.depth)
         self._enter(stay.klass, learned)
         self._push(block_id, stay)
-        self._undo.touched(block_id, now, undo)
+
+    def _untouch(
+        self, block_id: int, stay: _Stay, now: int, events: int, learned: list[Any]
+    ) -> None:
+        del self._tracked[block_id]
+        self._stays[block_id] = stay
+        self._now = now
+        self._unlearn(learned, events)
+        self._push(block_id, stay)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, lowest hazard first.
@@ -355,8 +426,6 @@ class HazardPolicy:
             heapq.heappop(self._heaps[klass])
             self._num_keys -= 1
             victims.append(self._forget(key))
-        if not victims:
-            self._undo.evicted_nothing()
         return victims
 
     def _is_live(self, key: tuple[int, int, int], klass: int) -> bool:
@@ -373,7 +442,9 @@ class HazardPolicy:
         last_access, _, block_id = key
         del self._tracked[block_id]
         stay = self._stays.pop(block_id)
-        lifetime, events, learned = self._lifetime, self._events, []
+        undo = self._txn_undo
+        lifetime, events = self._lifetime, self._events
+        learned: list[Any] | None = None if undo is None else []
         self._lifetime += (self._now - last_access - lifetime) * self._smoothing
         history = None
         if self._history_capacity:
@@ -384,48 +455,37 @@ class HazardPolicy:
                 dropped = self._history.unlink_oldest()
             history = (old, dropped)
         self._tick(learned)
-        self._undo.evicted(block_id, (stay, lifetime, events, learned, history))
+        if undo is not None:
+            undo.append((self._unevict, block_id, stay, lifetime, events, learned, history))
         return block_id
 
-    def on_rollback(self) -> None:
-        """Forget what the inserts of a failed release taught (see ``ObservesRollbacks``)."""
-        self._undo.rolled_back(self._restore)
-
-    def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
-        if kind == INSERTED:
-            del self._tracked[block_id]
-            stay, self._now, events, learned, links = data
-            if stay is None:
-                del self._stays[block_id]
+    def _unevict(
+        self,
+        block_id: int,
+        stay: _Stay,
+        lifetime: float,
+        events: int,
+        learned: list[Any],
+        history: tuple[Any, tuple[int, list[Any]] | None] | None,
+    ) -> None:
+        """Take an eviction back: counts, lifetime and history as before, the victim tracked."""
+        self._lifetime = lifetime
+        self._unlearn(learned, events)
+        if history is not None:
+            old, dropped = history
+            if dropped is not None:
+                self._history.relink(*dropped)
+            if old is None:
+                self._history.unlink(stay.block_hash)
             else:
-                self._stays[block_id] = stay
-            self._unlearn(learned, events)
-            for ghosts, block_hash, link in links:
-                ghosts.relink(block_hash, link)
-            return
-        if kind == TOUCHED:
-            del self._tracked[block_id]
-            self._stays[block_id], self._now, events, learned = data
-            self._unlearn(learned, events)
-        elif kind == EVICTED:
-            stay, self._lifetime, events, learned, history = data
-            self._unlearn(learned, events)
-            if history is not None:
-                old, dropped = history
-                if dropped is not None:
-                    self._history.relink(*dropped)
-                if old is None:
-                    self._history.unlink(stay.block_hash)
-                else:
-                    self._history.put(stay.block_hash, old)
-            self._stays[block_id] = stay
-        self._push(block_id, self._stays[block_id])
+                self._history.put(stay.block_hash, old)
+        self._stays[block_id] = stay
+        self._push(block_id, stay)
 
     def clear(self) -> None:
         """Forget every tracked leaf, stay, history and statistic. Complexity: O(n)."""
         num_classes = _NUM_USE_BUCKETS * _NUM_DEPTH_BUCKETS
-        self._heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(num_classes)]
+        self._heaps = [[] for _ in range(num_classes)]
         self._tracked: dict[int, tuple[int, int, int]] = {}  # block ID -> live heap key
         self._num_keys = 0  # heap entries, stale ones included
         self._stays: dict[int, _Stay] = {}  # block ID -> stay, tracked or out for a hit
@@ -442,7 +502,7 @@ class HazardPolicy:
         self._events = 0
         self._lifetime = 0.0  # running mean idle age of victims: the window W
         self._now = 0
-        self._undo = UndoLog()
+        self._txn_undo = None
 
     def __len__(self) -> int:
         return len(self._tracked)

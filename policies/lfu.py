@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefixcache.policies.undo import INSERTED, TOUCHED, UndoLog
+from prefixcache.policies.base import EvictionPolicy
 from sortedcontainers import SortedList
 
 
-class LFUPolicy:
+class LFUPolicy(EvictionPolicy):
     """Evicts the leaf with the lowest aged frequency; LRU among equals.
 
     Plain LFU lets a block that was popular once stay forever. This is LFU
@@ -22,10 +20,9 @@ class LFUPolicy:
     multiplied by ``frequency_weight``: below 1 ages bursts out faster, above
     1 keeps frequent blocks longer. A block's history ends when it is evicted.
 
-    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
-    with the key, count and age it replaced, so the allocator journal's
-    inverse calls (an evicted leaf inserted again with its arguments, ...)
-    restore the exact keys and age instead of re-scoring at the raised age.
+    Transactions: each change is recorded with the key, count and age it
+    replaced, so an abort restores the exact keys and age instead of
+    re-scoring at the raised age.
 
     >>> policy = LFUPolicy()
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=5, depth=0)
@@ -46,8 +43,6 @@ class LFUPolicy:
     O(k log n). Not thread-safe.
     """
 
-    retains_unreferenced = True
-
     def __init__(self, frequency_weight: float = 1.0) -> None:
         if isinstance(frequency_weight, bool) or not (
             isinstance(frequency_weight, (int, float)) and frequency_weight > 0
@@ -59,29 +54,45 @@ class LFUPolicy:
         self._order: SortedList = SortedList()
         self._key_of: dict[int, tuple[float, int, int]] = {}
         self._accesses: dict[int, int] = {}  # block ID -> accesses counted so far
-        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Score ``block_id`` at the current age plus its accesses. Complexity: O(log n)."""
-        args = (block_hash, last_access, num_accesses, depth)
-        if self._undo.undo_insert(block_id, args, self._restore):
-            return
         self._accesses[block_id] = num_accesses
         self._place(block_id, last_access)
-        self._undo.inserted(block_id, args, None)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._unplace, block_id))
 
     def _place(self, block_id: int, last_access: int) -> None:
         key = (self._age + self._weight * self._accesses[block_id], last_access, block_id)
         self._key_of[block_id] = key
         self._order.add(key)
 
+    def _unplace(self, block_id: int) -> None:
+        """Untrack ``block_id`` (the inverse of an insert)."""
+        self._order.remove(self._key_of.pop(block_id))
+        del self._accesses[block_id]
+
+    def _put_back(self, key: tuple[float, int, int], num_accesses: int, age: float) -> None:
+        """Track ``key``'s block at ``key`` with ``num_accesses``, the age back at ``age``."""
+        block_id = key[2]
+        if block_id in self._key_of:  # a touch taken back: drop the key it placed
+            self._order.remove(self._key_of[block_id])
+        self._age = age
+        self._key_of[block_id] = key
+        self._accesses[block_id] = num_accesses
+        self._order.add(key)
+
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``. Raises KeyError if untracked. Complexity: O(log n)."""
         key = self._key_of.pop(block_id)
         self._order.remove(key)
-        self._undo.discarded(block_id, (key, self._accesses.pop(block_id)))
+        num_accesses = self._accesses.pop(block_id)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._put_back, key, num_accesses, self._age))
 
     def touch(self, block_id: int, now: int) -> None:
         """Count one access and re-score at the current age. Complexity: O(log n)."""
@@ -90,40 +101,24 @@ class LFUPolicy:
         num_accesses = self._accesses[block_id]
         self._accesses[block_id] = num_accesses + 1
         self._place(block_id, now)
-        self._undo.touched(block_id, now, (key, num_accesses))
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._put_back, key, num_accesses, self._age))
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` lowest-scored leaves, raising the age. O(k log n)."""
         victims: list[int] = []
+        undo = self._txn_undo
         while len(victims) < num_blocks and self._order:
             key = self._order.pop(0)
             block_id, age = key[2], self._age
             self._age = max(age, key[0])
             del self._key_of[block_id]
-            self._undo.evicted(block_id, (key, self._accesses.pop(block_id), age))
+            num_accesses = self._accesses.pop(block_id)
             victims.append(block_id)
-        if not victims:
-            self._undo.evicted_nothing()
+            if undo is not None:
+                undo.append((self._put_back, key, num_accesses, age))
         return victims
-
-    def on_rollback(self) -> None:
-        """Forget what the inserts of a failed release taught (see ``ObservesRollbacks``)."""
-        self._undo.rolled_back(self._restore)
-
-    def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
-        if kind == INSERTED:
-            self._order.remove(self._key_of.pop(block_id))
-            del self._accesses[block_id]
-            return
-        key, num_accesses, *age = data
-        if kind == TOUCHED:  # drop the key it placed
-            self._order.remove(self._key_of[block_id])
-        if age:
-            self._age = age[0]
-        self._key_of[block_id] = key
-        self._accesses[block_id] = num_accesses
-        self._order.add(key)
 
     def clear(self) -> None:
         """Forget every tracked leaf and reset the age. Complexity: O(n)."""
@@ -131,7 +126,7 @@ class LFUPolicy:
         self._key_of.clear()
         self._accesses.clear()
         self._age = 0.0
-        self._undo.clear()
+        self._txn_undo = None
 
     def __len__(self) -> int:
         return len(self._key_of)

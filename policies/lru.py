@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import heapq
 
+from prefixcache.policies.base import EvictionPolicy
 
-class LRUPolicy:
+
+class LRUPolicy(EvictionPolicy):
     """Evicts the leaf with the oldest last access; ties go to the lower block ID.
 
     Leaves are ordered by ``(last_access, block_id)`` keys, so a leaf that
@@ -19,12 +21,14 @@ class LRUPolicy:
     makes an evict-and-insert cycle about a quarter cheaper than with a
     ``SortedList`` (per-event costs: ``benchmarks/bench_policies.py``).
 
+    Transactions: every change is recorded with its inverse (forget a key,
+    or put an old key back); a key put back is pushed again, so the heap
+    may hold it twice, which lazy deletion already tolerates.
+
     Complexity: ``insert``, ``touch`` O(log n); ``discard`` O(1) amortised;
     ``evict(k)`` O(k log n) amortised; ``evicts_first`` O(1) amortised. Not
     thread-safe.
     """
-
-    retains_unreferenced = True
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, int]] = []  # (last_access, block_id), some stale
@@ -36,19 +40,28 @@ class LRUPolicy:
         key = (last_access, block_id)
         self._key_of[block_id] = key
         heapq.heappush(self._heap, key)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._forget, block_id))
 
     def discard(self, block_id: int) -> None:
-        del self._key_of[block_id]
+        key = self._key_of.pop(block_id)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._put_back, key))
         self._compact_if_stale()
 
     def touch(self, block_id: int, now: int) -> None:
-        if block_id not in self._key_of:
-            raise KeyError(block_id)
-        self.insert(block_id, 0, now, 0, 0)
+        old = self._key_of[block_id]
+        key = self._key_of[block_id] = (now, block_id)
+        heapq.heappush(self._heap, key)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._put_back, old))
         self._compact_if_stale()
 
     def evict(self, num_blocks: int) -> list[int]:
-        heap, key_of = self._heap, self._key_of
+        heap, key_of, undo = self._heap, self._key_of, self._txn_undo
         victims: list[int] = []
         while heap and len(victims) < num_blocks:
             key = heapq.heappop(heap)
@@ -56,7 +69,18 @@ class LRUPolicy:
             if key_of.get(block_id) == key:
                 del key_of[block_id]
                 victims.append(block_id)
+                if undo is not None:
+                    undo.append((self._put_back, key))
         return victims
+
+    def _forget(self, block_id: int) -> None:
+        """Stop tracking ``block_id`` (the inverse of an insert); its heap entry goes stale."""
+        del self._key_of[block_id]
+
+    def _put_back(self, key: tuple[int, int]) -> None:
+        """Track ``key``'s block at ``key`` again (the inverse of a removal or a touch)."""
+        self._key_of[key[1]] = key
+        heapq.heappush(self._heap, key)
 
     def evicts_first(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
@@ -74,6 +98,7 @@ class LRUPolicy:
     def clear(self) -> None:
         self._heap.clear()
         self._key_of.clear()
+        self._txn_undo = None
 
     def eviction_order(self) -> list[int]:
         """Tracked leaves, next victim first (for tests and debugging). O(n log n)."""

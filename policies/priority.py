@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, UndoLog
+from prefixcache.policies.base import EvictionPolicy
 from sortedcontainers import SortedList
 
 _Expired = list[tuple[int, tuple[int, int | None]]]
 """Retention entries an expiry dropped, in order: (hash, (priority, expires_at))."""
 
 
-class PriorityPolicy:
+class PriorityPolicy(EvictionPolicy):
     """Evicts the lowest retention priority first, least recently used among equals.
 
     Priorities are set per block hash through :meth:`set_retention` (the
@@ -34,15 +33,9 @@ class PriorityPolicy:
     policy uses the largest clock value it has seen in :meth:`insert` and
     :meth:`touch`, which lags the allocator by at most the calls since.
 
-    Rollback: a key is a function of the insert arguments and the retention
-    entries, so the allocator journal's inverse calls restore every key; but
-    an aborted insert or touch may have raised the clock seen, and expired
-    entries with it. Every call is recorded in an
-    :class:`~prefixcache.policies.undo.UndoLog` with the clock it raised and the entries
-    it expired, so the inverse calls (and :meth:`on_rollback`, for a release
-    taken back) put both back. :meth:`set_retention` cannot be taken back: it
-    drops the records. With a ``clock``, what an empty :meth:`evict` expired
-    stays expired; it was due, so no later choice differs.
+    Transactions: each change is recorded with what it replaced (a key, the
+    clock seen, the retention entries it set or expired), so an abort
+    restores all of it, :meth:`set_retention` and expiries included.
 
     >>> policy = PriorityPolicy()
     >>> policy.set_retention(10, priority=90, expires_at=None)
@@ -67,8 +60,6 @@ class PriorityPolicy:
     plus the same. Memory: O(n + hashes with a retention entry). Not
     thread-safe.
     """
-
-    retains_unreferenced = True
 
     def __init__(
         self,
@@ -98,7 +89,6 @@ class PriorityPolicy:
         self._key_of: dict[int, tuple[int, int, int]] = {}
         self._hash_of: dict[int, int] = {}  # tracked block ID -> hash
         self._block_of: dict[int, int] = {}  # hash -> tracked block ID
-        self._undo = UndoLog()
 
     # ------------------------------------------------------------------ retention
 
@@ -119,47 +109,57 @@ class PriorityPolicy:
             isinstance(expires_at, bool) or not isinstance(expires_at, int)
         ):
             raise TypeError(f"expires_at must be an int or None, got {expires_at!r}")
-        self._undo.commit()
+        old = self._retention.get(block_hash)
         self._drop_retention(block_hash)
         if priority != self._default:
-            self._retention[block_hash] = (priority, expires_at)
-            if expires_at is not None:
-                self._expiries.add((expires_at, block_hash))
+            self._put_retention(block_hash, (priority, expires_at))
         self._rerank(block_hash)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._unset_retention, block_hash, old))
         self._expire()
+
+    def _unset_retention(self, block_hash: int, old: tuple[int, int | None] | None) -> None:
+        """Give ``block_hash`` its entry before :meth:`set_retention` back."""
+        self._drop_retention(block_hash)
+        if old is not None:
+            self._put_retention(block_hash, old)
+        self._rerank(block_hash)
 
     def priority_of(self, block_hash: int) -> int:
         """The priority ``block_hash`` has now (expired entries fall back). O(log n)."""
         self._expire()
         return self._retention.get(block_hash, (self._default, None))[0]
 
+    def _put_retention(self, block_hash: int, entry: tuple[int, int | None]) -> None:
+        self._retention[block_hash] = entry
+        if entry[1] is not None:
+            self._expiries.add((entry[1], block_hash))
+
     def _drop_retention(self, block_hash: int) -> None:
         entry = self._retention.pop(block_hash, None)
         if entry is not None and entry[1] is not None:
             self._expiries.remove((entry[1], block_hash))
 
-    def _expire(self) -> _Expired | None:
-        """Drop the entries whose time has come and re-rank their tracked blocks.
-
-        Returns:
-            The dropped entries, for :meth:`_unexpire`; None if there were none.
-        """
+    def _expire(self) -> None:
+        """Drop the entries whose time has come and re-rank their tracked blocks."""
         now = self._clock() if self._clock is not None else self._now
         expiries = self._expiries
         if not expiries or expiries[0][0] > now:
-            return None
+            return
         expired: _Expired = []
         while expiries and expiries[0][0] <= now:
             _, block_hash = expiries.pop(0)
             expired.append((block_hash, self._retention.pop(block_hash)))
             self._rerank(block_hash)
-        return expired
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._unexpire, expired))
 
-    def _unexpire(self, expired: _Expired | None) -> None:
+    def _unexpire(self, expired: _Expired) -> None:
         """Put back the entries :meth:`_expire` dropped, newest first, and re-rank."""
-        for block_hash, entry in reversed(expired or ()):
-            self._retention[block_hash] = entry
-            self._expiries.add((entry[1], block_hash))
+        for block_hash, entry in reversed(expired):
+            self._put_retention(block_hash, entry)
             self._rerank(block_hash)
 
     def _rerank(self, block_hash: int) -> None:
@@ -191,19 +191,25 @@ class PriorityPolicy:
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id`` at its hash's priority and its last access. Complexity: O(log n)."""
-        args = (block_hash, last_access, num_accesses, depth)
-        if self._undo.undo_insert(block_id, args, self._restore):
-            return
         now = self._now
         if last_access > now:
             self._now = last_access
-        expired = self._expire()
+        self._expire()
         self._place(block_id, block_hash, last_access)
-        self._undo.inserted(block_id, args, (now, expired))
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._uninsert, block_id, now))
+
+    def _uninsert(self, block_id: int, now: int) -> None:
+        self._remove(block_id)
+        self._now = now
 
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``. Raises KeyError if untracked. Complexity: O(log n)."""
-        self._undo.discarded(block_id, self._remove(block_id))
+        block_hash, last_access = self._remove(block_id)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._place, block_id, block_hash, last_access))
 
     def touch(self, block_id: int, now: int) -> None:
         """Record an access at ``now``. Raises KeyError if untracked. Complexity: O(log n)."""
@@ -213,48 +219,34 @@ class PriorityPolicy:
             self._now = now
         _, last_access = self._remove(block_id)
         self._place(block_id, block_hash, now)
-        expired = self._expire()
-        self._undo.touched(block_id, now, (last_access, old_now, expired))
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._untouch, block_id, last_access, old_now))
+        self._expire()
+
+    def _untouch(self, block_id: int, last_access: int, now: int) -> None:
+        block_hash, _ = self._remove(block_id)
+        self._place(block_id, block_hash, last_access)
+        self._now = now
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, lowest priority first. Complexity: O(k log n)."""
-        expired = self._expire()  # None without a clock: nothing is due between calls
+        self._expire()  # nothing is due between calls without a clock
         victims: list[int] = []
+        undo = self._txn_undo
         while len(victims) < num_blocks and self._key_of:
             block_id = self._next_victim()
-            self._undo.evicted(block_id, (*self._remove(block_id), expired))
-            expired = None  # taken back with the first victim, after it
+            block_hash, last_access = self._remove(block_id)
             victims.append(block_id)
-        if not victims:
-            self._undo.evicted_nothing()
+            if undo is not None:
+                undo.append((self._place, block_id, block_hash, last_access))
         return victims
-
-    def on_rollback(self) -> None:
-        """Take back the clock and expiries of a failed release too (``ObservesRollbacks``)."""
-        self._undo.rolled_back(self._restore)
-
-    def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
-        if kind == INSERTED:
-            self._remove(block_id)
-            self._now, expired = data
-            self._unexpire(expired)
-        elif kind == TOUCHED:
-            last_access, self._now, expired = data
-            self._unexpire(expired)
-            block_hash, _ = self._remove(block_id)
-            self._place(block_id, block_hash, last_access)
-        elif kind == EVICTED:
-            block_hash, last_access, expired = data
-            self._place(block_id, block_hash, last_access)
-            self._unexpire(expired)
-        else:
-            self._place(block_id, *data)
 
     def _next_victim(self) -> int:
         if not self._others:
-            return self._retained[0][2]
-        candidate = self._others[0]
+            oldest: tuple[int, int, int] = self._retained[0]
+            return oldest[2]
+        candidate: tuple[int, int, int] = self._others[0]
         over_cap = len(self._retained) > self._max_retained_fraction * len(self._key_of)
         if over_cap:
             _, last_access, block_id = self._retained[0]
@@ -271,7 +263,7 @@ class PriorityPolicy:
         self._key_of.clear()
         self._hash_of.clear()
         self._block_of.clear()
-        self._undo.clear()
+        self._txn_undo = None
 
     def __len__(self) -> int:
         return len(self._key_of)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from prefixcache.policies.base import EvictionPolicy
+from prefixcache.policies.linked_map import LinkedMap
 
 _Evicted = tuple[
     tuple[int, int], tuple[int, int, int], list[Any] | None, tuple[int, list[Any]] | None
@@ -14,7 +15,7 @@ _Evicted = tuple[
 replaced and the oldest entry it pushed out (links for ``LinkedMap.relink``)."""
 
 
-class ProtectedLRUPolicy:
+class ProtectedLRUPolicy(EvictionPolicy):
     """Evicts leaves used once before any reused leaf; LRU within each class.
 
     A leaf is *protected* when its prefix was handed out at least twice,
@@ -55,13 +56,12 @@ class ProtectedLRUPolicy:
     (``benchmarks/policy_tables.md``, "on_register"); it matters with a short
     history.
 
-    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
-    with what it changed (a place, a stay, history entries removed in place),
-    so the allocator journal's inverse calls restore all of it: a victim put
-    back takes its old place and class and leaves the history as it was, a
-    touch taken back no longer counts a use, and a release taken back
-    (:meth:`on_rollback`) gives its hashes' use counts back to the history.
-    :meth:`on_register` cannot be taken back: it drops the records.
+    Transactions: each change is recorded with what it replaced (a place, a
+    stay, history entries removed in place), so an abort restores all of it:
+    a victim put back takes its old place and class and leaves the history
+    as it was, a touch taken back no longer counts a use, an insert taken
+    back gives its hash's use count back to the history, and the history
+    moves of :meth:`on_register` are undone.
 
     >>> policy = ProtectedLRUPolicy()
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=2, depth=0)
@@ -87,8 +87,6 @@ class ProtectedLRUPolicy:
     O(1) per hash. Memory: O(pool size + history_capacity). Not thread-safe.
     """
 
-    retains_unreferenced = True
-
     def __init__(self, history_capacity: int = 100_000) -> None:
         if (
             isinstance(history_capacity, bool)
@@ -105,15 +103,11 @@ class ProtectedLRUPolicy:
         self._stays: dict[int, tuple[int, int, int]] = {}
         # evicted hash -> uses of all its stays, the least recently evicted first.
         self._history: LinkedMap[int] = LinkedMap()
-        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id`` in the class its use count gives. Complexity: O(log n)."""
-        args = (block_hash, last_access, num_accesses, depth)
-        if self._undo.undo_insert(block_id, args, self._restore):
-            return
         stay = self._stays.get(block_id)
         link = None  # the history entry of a returning hash, taken out
         if stay is None or stay[0] != block_hash or stay[1] > num_accesses:
@@ -123,7 +117,22 @@ class ProtectedLRUPolicy:
             earlier = stay[2]
         self._stays[block_id] = (block_hash, num_accesses, earlier)
         self._place(block_id, last_access, earlier + num_accesses)
-        self._undo.inserted(block_id, args, (stay, link))
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._uninsert, block_id, stay, link))
+
+    def _uninsert(
+        self, block_id: int, stay: tuple[int, int, int] | None, link: list[Any] | None
+    ) -> None:
+        """Take an insert back: untrack, the stay as before, the history entry back."""
+        self._unplace(block_id)
+        block_hash = self._stays[block_id][0]
+        if stay is None:
+            del self._stays[block_id]
+        else:
+            self._stays[block_id] = stay
+        if link is not None:
+            self._history.relink(block_hash, link)
 
     def on_register(self, block_hashes: list[int], first_depth: int) -> None:
         """Keep the use counts of remembered hashes that were just registered again.
@@ -137,12 +146,18 @@ class ProtectedLRUPolicy:
 
         Complexity: O(len(block_hashes)) amortised.
         """
-        self._undo.commit()
-        history = self._history
+        history, undo = self._history, self._txn_undo
         for block_hash in block_hashes:
             link = history.unlink(block_hash)
             if link is not None:
                 history.put(block_hash, link[2])
+                if undo is not None:
+                    undo.append((self._unrefresh, block_hash, link))
+
+    def _unrefresh(self, block_hash: int, link: list[Any]) -> None:
+        """Put ``block_hash`` back where :meth:`on_register` took it from."""
+        self._history.unlink(block_hash)
+        self._history.relink(block_hash, link)
 
     def _place(self, block_id: int, last_access: int, num_uses: int) -> None:
         klass = 1 if num_uses >= 2 else 0
@@ -166,7 +181,10 @@ class ProtectedLRUPolicy:
         Raises:
             KeyError: ``block_id`` is not tracked.
         """
-        self._undo.discarded(block_id, self._unplace(block_id))
+        place = self._unplace(block_id)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._put_back, block_id, place))
 
     def touch(self, block_id: int, now: int) -> None:
         """Record a use at ``now``: the leaf becomes protected. Complexity: O(log n).
@@ -179,21 +197,29 @@ class ProtectedLRUPolicy:
         block_hash, num_accesses, earlier = stay
         self._stays[block_id] = (block_hash, num_accesses, earlier + 1)
         self._place(block_id, now, earlier + 1 + num_accesses)
-        self._undo.touched(block_id, now, (place, stay))
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._untouch, block_id, place, stay))
+
+    def _untouch(self, block_id: int, place: tuple[int, int], stay: tuple[int, int, int]) -> None:
+        self._unplace(block_id)
+        self._stays[block_id] = stay
+        self._put_back(block_id, place)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, probation first. Complexity: O(k log n) amortised."""
         victims: list[int] = []
+        undo = self._txn_undo
         for klass, heap in enumerate(self._heaps):
             while heap and len(victims) < num_blocks:
                 last_access, block_id = heapq.heappop(heap)
                 place = self._place_of.get(block_id)
                 if place == (klass, last_access):
                     del self._place_of[block_id]
-                    self._undo.evicted(block_id, self._remember(block_id, place))
+                    evicted = self._remember(block_id, place)
                     victims.append(block_id)
-        if not victims:
-            self._undo.evicted_nothing()
+                    if undo is not None:
+                        undo.append((self._unevict, block_id, evicted))
         return victims
 
     def _remember(self, block_id: int, place: tuple[int, int]) -> _Evicted:
@@ -208,36 +234,15 @@ class ProtectedLRUPolicy:
         dropped = history.unlink_oldest() if len(history) > self._history_capacity else None
         return place, stay, replaced, dropped
 
-    def on_rollback(self) -> None:
-        """Give back the history entries a failed release took (see ``ObservesRollbacks``)."""
-        self._undo.rolled_back(self._restore)
-
-    def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
-        if kind == INSERTED:
-            self._unplace(block_id)
-            stay, link = data
-            block_hash = self._stays[block_id][0]
-            if stay is None:
-                del self._stays[block_id]
-            else:
-                self._stays[block_id] = stay
-            if link is not None:
-                self._history.relink(block_hash, link)
-            return
-        if kind == TOUCHED:
-            self._unplace(block_id)
-            place, self._stays[block_id] = data
-        elif kind == EVICTED:
-            place, stay, replaced, dropped = data
-            if dropped is not None:
-                self._history.relink(*dropped)
-            self._history.unlink(stay[0])  # a no-op without a history
-            if replaced is not None:
-                self._history.relink(stay[0], replaced)
-            self._stays[block_id] = stay
-        else:
-            place = data
+    def _unevict(self, block_id: int, evicted: _Evicted) -> None:
+        """Take an eviction back: the history as before, the victim in its place."""
+        place, stay, replaced, dropped = evicted
+        if dropped is not None:
+            self._history.relink(*dropped)
+        self._history.unlink(stay[0])  # a no-op without a history
+        if replaced is not None:
+            self._history.relink(stay[0], replaced)
+        self._stays[block_id] = stay
         self._put_back(block_id, place)
 
     def _compact_if_stale(self, klass: int) -> None:
@@ -254,7 +259,7 @@ class ProtectedLRUPolicy:
         self._place_of.clear()
         self._stays.clear()
         self._history.clear()
-        self._undo.clear()
+        self._txn_undo = None
 
     def is_protected(self, block_id: int) -> bool:
         """Whether the tracked leaf ``block_id`` is in the protected class. Complexity: O(1).

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from prefixcache.policies.base import EvictionPolicy
+from prefixcache.policies.linked_map import LinkedMap
 from sortedcontainers import SortedList
 
+_Stay = tuple[int, int, int]
+"""(hash, hand-outs last seen, hand-outs of earlier stays)."""
 
-class ReuseLRUPolicy:
+
+class ReuseLRUPolicy(EvictionPolicy):
     """Evicts by last access plus a bonus for blocks reused before; scale-free.
 
     On prefix traces a block that was reused is several times more likely to
@@ -31,11 +35,10 @@ class ReuseLRUPolicy:
     policy for a hit (bounded by the pool), so the history is not counted
     twice.
 
-    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
-    with what it changed (a key, a stay, a history entry removed in place,
-    the eviction age), so the allocator journal's inverse calls restore all
-    of it: an evicted leaf put back keeps its key and leaves the eviction
-    age and the history as they were.
+    Transactions: each change is recorded with what it replaced (a key, a
+    stay, a history entry removed in place, the eviction age), so an abort
+    restores all of it: an evicted leaf put back keeps its key and leaves
+    the eviction age and the history as they were.
 
     >>> policy = ReuseLRUPolicy(age_smoothing=1.0)
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=1, depth=0)
@@ -60,8 +63,6 @@ class ReuseLRUPolicy:
     Complexity: ``insert``, ``discard`` and ``touch`` O(log n); ``evict(k)``
     O(k log n). Memory: O(pool size + history_capacity). Not thread-safe.
     """
-
-    retains_unreferenced = True
 
     def __init__(
         self,
@@ -95,15 +96,11 @@ class ReuseLRUPolicy:
         # block ID -> (hash, hand-outs last seen, hand-outs of earlier stays), tracked or hit.
         self._stays: dict[int, tuple[int, int, int]] = {}
         self._history: LinkedMap[int] = LinkedMap()  # evicted hash -> hand-outs
-        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id`` at its last access, plus the bonus if reused. Complexity: O(log n)."""
-        args = (block_hash, last_access, num_accesses, depth)
-        if self._undo.undo_insert(block_id, args, self._restore):
-            return
         stay = self._stays.get(block_id)
         history = None
         if stay is None or stay[0] != block_hash or stay[1] > num_accesses:
@@ -115,12 +112,36 @@ class ReuseLRUPolicy:
         self._stays[block_id] = (block_hash, num_accesses, earlier)
         now = self._now
         self._place(block_id, last_access, earlier + num_accesses)
-        self._undo.inserted(block_id, args, (stay, history, now))
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._uninsert, block_id, stay, history, now))
+
+    def _uninsert(
+        self,
+        block_id: int,
+        stay: _Stay | None,
+        history: tuple[int, list[Any]] | None,
+        now: int,
+    ) -> None:
+        """Take an insert back: untrack, the stay and clock as before, the history entry back."""
+        self._remove(block_id)
+        self._now = now
+        if stay is None:
+            del self._stays[block_id]
+        else:
+            self._stays[block_id] = stay
+        if history is not None:
+            self._history.relink(*history)
 
     def _place(self, block_id: int, last_access: int, num_uses: int) -> None:
         self._now = max(self._now, last_access)
         bonus = self._reuse_weight * self._eviction_age if num_uses > 1 else 0.0
         key = (last_access + bonus, block_id)
+        self._key_of[block_id] = key
+        self._last_access[block_id] = last_access
+        self._order.add(key)
+
+    def _put_back(self, block_id: int, key: tuple[float, int], last_access: int) -> None:
         self._key_of[block_id] = key
         self._last_access[block_id] = last_access
         self._order.add(key)
@@ -131,7 +152,10 @@ class ReuseLRUPolicy:
         Raises:
             KeyError: ``block_id`` is not tracked.
         """
-        self._undo.discarded(block_id, self._remove(block_id))
+        key, last_access = self._remove(block_id)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._put_back, block_id, key, last_access))
 
     def _remove(self, block_id: int) -> tuple[tuple[float, int], int]:
         """Untrack ``block_id``; return its key and last access."""
@@ -147,11 +171,22 @@ class ReuseLRUPolicy:
         self._stays[block_id] = (block_hash, num_accesses, earlier + 1)
         old_now = self._now
         self._place(block_id, now, earlier + 1 + num_accesses)
-        self._undo.touched(block_id, now, (key, last_access, stay, old_now))
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._untouch, block_id, key, last_access, stay, old_now))
+
+    def _untouch(
+        self, block_id: int, key: tuple[float, int], last_access: int, stay: _Stay, now: int
+    ) -> None:
+        self._remove(block_id)
+        self._stays[block_id] = stay
+        self._now = now
+        self._put_back(block_id, key, last_access)
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, smallest key first. Complexity: O(k log n)."""
         victims: list[int] = []
+        undo = self._txn_undo
         while len(victims) < num_blocks and self._order:
             key = self._order.pop(0)
             block_id = key[1]
@@ -163,54 +198,38 @@ class ReuseLRUPolicy:
             history = None
             if self._history_capacity:
                 block_hash, num_accesses, earlier = stay
-                history = self._history.get(block_hash)  # None: not there
+                old = self._history.get(block_hash)  # None: not there
                 self._history.put(block_hash, earlier + num_accesses)
                 dropped = None
                 if len(self._history) > self._history_capacity:
                     dropped = self._history.unlink_oldest()
-                history = (history, dropped)
-            undo = (key, last_access, eviction_age, stay, history)
-            self._undo.evicted(block_id, undo)
+                history = (old, dropped)
             victims.append(block_id)
-        if not victims:
-            self._undo.evicted_nothing()
+            if undo is not None:
+                undo.append((self._unevict, key, last_access, eviction_age, stay, history))
         return victims
 
-    def on_rollback(self) -> None:
-        """Forget what the inserts of a failed release taught (see ``ObservesRollbacks``)."""
-        self._undo.rolled_back(self._restore)
-
-    def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
-        if kind == INSERTED:
-            self._remove(block_id)
-            stay, history, self._now = data
-            if stay is None:
-                del self._stays[block_id]
+    def _unevict(
+        self,
+        key: tuple[float, int],
+        last_access: int,
+        eviction_age: float,
+        stay: _Stay,
+        history: tuple[int | None, tuple[int, list[Any]] | None] | None,
+    ) -> None:
+        """Take an eviction back: the age and history as before, the victim at its key."""
+        block_id = key[1]
+        self._eviction_age = eviction_age
+        self._stays[block_id] = stay
+        if history is not None:
+            old, dropped = history
+            if dropped is not None:
+                self._history.relink(*dropped)
+            if old is None:
+                self._history.unlink(stay[0])
             else:
-                self._stays[block_id] = stay
-            if history is not None:
-                self._history.relink(*history)
-            return
-        if kind == TOUCHED:
-            self._remove(block_id)
-            key, last_access, self._stays[block_id], self._now = data
-        elif kind == EVICTED:
-            key, last_access, self._eviction_age, stay, history = data
-            self._stays[block_id] = stay
-            if history is not None:
-                old, dropped = history
-                if dropped is not None:
-                    self._history.relink(*dropped)
-                if old is None:
-                    self._history.unlink(stay[0])
-                else:
-                    self._history.put(stay[0], old)
-        else:
-            key, last_access = data
-        self._key_of[block_id] = key
-        self._last_access[block_id] = last_access
-        self._order.add(key)
+                self._history.put(stay[0], old)
+        self._put_back(block_id, key, last_access)
 
     def clear(self) -> None:
         """Forget every tracked leaf, stay and history. Complexity: O(n)."""
@@ -221,7 +240,7 @@ class ReuseLRUPolicy:
         self._history.clear()
         self._eviction_age = 0.0
         self._now = 0
-        self._undo.clear()
+        self._txn_undo = None
 
     def __len__(self) -> int:
         return len(self._key_of)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from prefixcache.policies.undo import EVICTED, INSERTED, TOUCHED, LinkedMap, UndoLog
+from prefixcache.policies.base import EvictionPolicy
+from prefixcache.policies.linked_map import LinkedMap
 from sortedcontainers import SortedList
 
 _MAX_FREQUENCY = 3  # S3-FIFO's two-bit counter
@@ -30,7 +31,7 @@ class _Stay:
     num_accesses: int
 
 
-class S3FIFOPolicy:
+class S3FIFOPolicy(EvictionPolicy):
     """Small and main FIFO queues with a ghost list of recently evicted hashes.
 
     New blocks enter the small queue, which holds about ``small_fraction``
@@ -55,11 +56,11 @@ class S3FIFOPolicy:
     The ghost list holds hashes only, never blocks; it keeps the most recent
     ``ghost_capacity`` of them.
 
-    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
-    with what it changed (a stay, a ghost removed in place, the queue moves
-    an eviction made before its victim, the clocks), so the allocator
-    journal's inverse calls restore all of it: an evicted leaf put back
-    returns to its old queue place with its old count, and its ghost goes.
+    Transactions: each change is recorded with what it replaced (a stay, a
+    ghost removed in place, the queue moves an eviction made before its
+    victim, the clocks), so an abort restores all of it: an evicted leaf
+    put back returns to its old queue place with its old count, and its
+    ghost goes.
 
     >>> policy = S3FIFOPolicy()
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=1, depth=0)
@@ -85,8 +86,6 @@ class S3FIFOPolicy:
     paid for). Memory: O(pool size + ghost_capacity). Not thread-safe.
     """
 
-    retains_unreferenced = True
-
     def __init__(
         self, small_fraction: float = 0.1, ghost_capacity: int = 50_000, promote_after: int = 1
     ) -> None:
@@ -110,8 +109,8 @@ class S3FIFOPolicy:
         self._ghost: LinkedMap[None] = LinkedMap()  # evicted hashes, oldest first
         self._now = 0  # the largest clock value seen
         self._sequence = 0  # tie-break of equal clock values, in queueing order
-        self._undo = UndoLog()
-        # (block ID, old key, old queue, old count) per queue move of the current eviction.
+        # In a transaction: (block ID, old key, old queue, old count) per queue move of the
+        # current eviction.
         self._moves: list[tuple[int, tuple[int, int, int], bool, int]] = []
 
     def _next_key(self, clock: int, block_id: int) -> tuple[int, int, int]:
@@ -125,11 +124,8 @@ class S3FIFOPolicy:
 
         Complexity: O(log n).
         """
-        args = (block_hash, last_access, num_accesses, depth)
-        if self._undo.undo_insert(block_id, args, self._restore):
-            return
         stay = self._stays.get(block_id)
-        old_stay = None if stay is None else replace(stay)
+        previous, counts = stay, None  # what the insert replaces or changes
         now, sequence, ghost = self._now, self._sequence, None
         self._now = max(now, last_access)
         if stay is None or stay.block_hash != block_hash or stay.num_accesses > num_accesses:
@@ -145,13 +141,38 @@ class S3FIFOPolicy:
             )
             self._stays[block_id] = stay
         else:
+            counts = (stay.frequency, stay.num_accesses)
             reuses = num_accesses - stay.num_accesses
             stay.frequency = min(stay.frequency + reuses, _MAX_FREQUENCY)
             stay.num_accesses = num_accesses
         self._tracked.add(block_id)
         (self._main if stay.in_main else self._small).add(stay.key)
-        undo = (now, sequence, old_stay, None if ghost is None else (block_hash, ghost))
-        self._undo.inserted(block_id, args, undo)
+        undo = self._txn_undo
+        if undo is not None:
+            ghost_hit = None if ghost is None else (block_hash, ghost)
+            undo.append((self._uninsert, block_id, now, sequence, previous, counts, ghost_hit))
+
+    def _uninsert(
+        self,
+        block_id: int,
+        now: int,
+        sequence: int,
+        previous: _Stay | None,
+        counts: tuple[int, int] | None,
+        ghost_hit: tuple[int, list[Any]] | None,
+    ) -> None:
+        """Take an insert back: untrack, the clocks and the stay as before, the ghost back."""
+        self._untrack(block_id)
+        self._now, self._sequence = now, sequence
+        if counts is not None:  # the stay came back and was updated in place
+            assert previous is not None
+            previous.frequency, previous.num_accesses = counts
+        elif previous is None:
+            del self._stays[block_id]
+        else:
+            self._stays[block_id] = previous
+        if ghost_hit is not None:
+            self._ghost.relink(*ghost_hit)
 
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``; its stay is remembered. Complexity: O(log n).
@@ -162,7 +183,9 @@ class S3FIFOPolicy:
         if block_id not in self._tracked:
             raise KeyError(block_id)
         self._untrack(block_id)
-        self._undo.discarded(block_id, None)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._track, block_id))
 
     def _untrack(self, block_id: int) -> None:
         stay = self._stays[block_id]
@@ -179,10 +202,14 @@ class S3FIFOPolicy:
         if block_id not in self._tracked:
             raise KeyError(block_id)
         stay = self._stays[block_id]
-        undo = (self._now, stay.frequency)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._untouch, stay, self._now, stay.frequency))
         self._now = max(self._now, now)
         stay.frequency = min(stay.frequency + 1, _MAX_FREQUENCY)
-        self._undo.touched(block_id, now, undo)
+
+    def _untouch(self, stay: _Stay, now: int, frequency: int) -> None:
+        self._now, stay.frequency = now, frequency
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves by the S3-FIFO rules.
@@ -201,11 +228,35 @@ class S3FIFOPolicy:
                 victim = self._pop_main()
             if victim is not None:
                 victims.append(victim[0])
-                self._undo.evicted(victim[0], (*victim[1:], self._moves, sequence))
-                self._moves = []
-        if not victims:
-            self._undo.evicted_nothing()
+                undo = self._txn_undo
+                if undo is not None:
+                    undo.append((self._unevict, *victim, self._moves, sequence))
+                    self._moves = []
         return victims
+
+    def _unevict(
+        self,
+        block_id: int,
+        stay: _Stay,
+        ghost: tuple[bool, tuple[int, list[Any]] | None] | None,
+        moves: list[tuple[int, tuple[int, int, int], bool, int]],
+        sequence: int,
+    ) -> None:
+        """Take an eviction back: the ghost entry, the victim, then the queue moves before it."""
+        self._sequence = sequence
+        if ghost is not None:
+            is_new, dropped = ghost
+            if dropped is not None:
+                self._ghost.relink(*dropped)
+            if is_new:
+                self._ghost.unlink(stay.block_hash)
+        self._stays[block_id] = stay
+        self._track(block_id)
+        for moved_id, key, in_main, frequency in reversed(moves):
+            moved = self._stays[moved_id]
+            self._main.remove(moved.key)
+            moved.key, moved.in_main, moved.frequency = key, in_main, frequency
+            (self._main if in_main else self._small).add(key)
 
     def _pop_small(self) -> tuple[int, _Stay, Any] | None:
         """Evict the small queue's head to the ghost list, or move it to main if reused.
@@ -218,7 +269,7 @@ class S3FIFOPolicy:
             self._move(block_id, stay, True, 0)
             return None
         self._forget(block_id)
-        ghost = None
+        ghost: tuple[bool, tuple[int, list[Any]] | None] | None = None
         if self._ghost_capacity:
             ghost = stay.block_hash not in self._ghost, None
             self._ghost.put(stay.block_hash, None)
@@ -237,8 +288,9 @@ class S3FIFOPolicy:
         return block_id, stay, None
 
     def _move(self, block_id: int, stay: _Stay, in_main: bool, frequency: int) -> None:
-        """Queue a popped head again at the back of main, noting the move for a rollback."""
-        self._moves.append((block_id, stay.key, stay.in_main, stay.frequency))
+        """Queue a popped head again at the back of main, noting the move in a transaction."""
+        if self._txn_undo is not None:
+            self._moves.append((block_id, stay.key, stay.in_main, stay.frequency))
         stay.in_main, stay.frequency = in_main, frequency
         stay.key = self._next_key(self._now, block_id)
         self._main.add(stay.key)
@@ -246,41 +298,6 @@ class S3FIFOPolicy:
     def _forget(self, block_id: int) -> None:
         self._tracked.remove(block_id)
         del self._stays[block_id]
-
-    def on_rollback(self) -> None:
-        """Forget what the inserts of a failed release taught (see ``ObservesRollbacks``)."""
-        self._undo.rolled_back(self._restore)
-
-    def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
-        if kind == INSERTED:
-            self._untrack(block_id)
-            self._now, self._sequence, stay, ghost = data
-            if stay is None:
-                del self._stays[block_id]
-            else:
-                self._stays[block_id] = stay
-            if ghost is not None:
-                self._ghost.relink(*ghost)
-        elif kind == TOUCHED:
-            self._now, self._stays[block_id].frequency = data
-        elif kind == EVICTED:
-            stay, ghost, moves, self._sequence = data
-            if ghost is not None:
-                is_new, dropped = ghost
-                if dropped is not None:
-                    self._ghost.relink(*dropped)
-                if is_new:
-                    self._ghost.unlink(stay.block_hash)
-            self._stays[block_id] = stay
-            self._track(block_id)
-            for moved_id, key, in_main, frequency in reversed(moves):
-                moved = self._stays[moved_id]
-                self._main.remove(moved.key)
-                moved.key, moved.in_main, moved.frequency = key, in_main, frequency
-                (self._main if in_main else self._small).add(key)
-        else:
-            self._track(block_id)
 
     def clear(self) -> None:
         """Forget every tracked leaf, stay and ghost. Complexity: O(n)."""
@@ -290,7 +307,8 @@ class S3FIFOPolicy:
         self._stays.clear()
         self._ghost.clear()
         self._now = self._sequence = 0
-        self._undo.clear()
+        self._moves = []
+        self._txn_undo = None
 
     def __len__(self) -> int:
         return len(self._tracked)

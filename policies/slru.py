@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefixcache.policies.undo import INSERTED, TOUCHED, UndoLog
+from prefixcache.policies.base import EvictionPolicy
 from sortedcontainers import SortedList
 
 
-class SLRUPolicy:
+class SLRUPolicy(EvictionPolicy):
     """Two LRU segments: probation for blocks used once, protected for reused ones.
 
     A block enters probation when it was handed out once (``num_accesses``
@@ -22,10 +20,8 @@ class SLRUPolicy:
 
     A touch counts as a reuse: it moves a probation block to protected.
 
-    Rollback: every call is recorded in an :class:`~prefixcache.policies.undo.UndoLog`
-    with the key and segment it replaced, so the allocator journal's inverse
-    calls put a block back where it was; a touched one-hit block, inserted
-    again with its old arguments, returns to protected, not probation.
+    Transactions: each change is recorded with the key and segment it
+    replaced, so an abort puts a block back where it was.
 
     >>> policy = SLRUPolicy(protected_fraction=0.5)
     >>> policy.insert(1, block_hash=10, last_access=1, num_accesses=3, depth=0)
@@ -45,8 +41,6 @@ class SLRUPolicy:
     O(k log n). Not thread-safe.
     """
 
-    retains_unreferenced = True
-
     def __init__(self, protected_fraction: float = 0.8) -> None:
         if isinstance(protected_fraction, bool) or not (
             isinstance(protected_fraction, (int, float)) and 0 <= protected_fraction <= 1
@@ -58,17 +52,15 @@ class SLRUPolicy:
         self._protected: SortedList = SortedList()
         self._key_of: dict[int, tuple[int, int]] = {}
         self._is_protected: dict[int, bool] = {}
-        self._undo = UndoLog()
 
     def insert(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
     ) -> None:
         """Track ``block_id`` in probation if used once, else protected. Complexity: O(log n)."""
-        args = (block_hash, last_access, num_accesses, depth)
-        if self._undo.undo_insert(block_id, args, self._restore):
-            return
         self._place(block_id, (last_access, block_id), num_accesses > 1)
-        self._undo.inserted(block_id, args, None)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._remove, block_id))
 
     def _place(self, block_id: int, key: tuple[int, int], protected: bool) -> None:
         self._key_of[block_id] = key
@@ -77,7 +69,10 @@ class SLRUPolicy:
 
     def discard(self, block_id: int) -> None:
         """Stop tracking ``block_id``. Raises KeyError if untracked. Complexity: O(log n)."""
-        self._undo.discarded(block_id, self._remove(block_id))
+        key, protected = self._remove(block_id)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._place, block_id, key, protected))
 
     def _remove(self, block_id: int) -> tuple[tuple[int, int], bool]:
         """Untrack ``block_id``; return its key and segment."""
@@ -86,37 +81,34 @@ class SLRUPolicy:
         (self._protected if protected else self._probation).remove(key)
         return key, protected
 
+    def _replace(self, block_id: int, key: tuple[int, int], protected: bool) -> None:
+        """Move the tracked ``block_id`` back to ``key`` in its old segment (undoes a touch)."""
+        self._remove(block_id)
+        self._place(block_id, key, protected)
+
     def touch(self, block_id: int, now: int) -> None:
         """Record a reuse: the block moves to protected at ``now``. Complexity: O(log n)."""
-        old = self._remove(block_id)
+        key, protected = self._remove(block_id)
         self._place(block_id, (now, block_id), True)
-        self._undo.touched(block_id, now, old)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._replace, block_id, key, protected))
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, probation first. Complexity: O(k log n)."""
         victims: list[int] = []
+        undo = self._txn_undo
         while len(victims) < num_blocks and self._key_of:
             over_share = len(self._protected) > self._protected_fraction * len(self._key_of)
             segment = self._protected if over_share or not self._probation else self._probation
             key = segment.pop(0)
             block_id = key[1]
             del self._key_of[block_id]
-            self._undo.evicted(block_id, (key, self._is_protected.pop(block_id)))
+            protected = self._is_protected.pop(block_id)
             victims.append(block_id)
-        if not victims:
-            self._undo.evicted_nothing()
+            if undo is not None:
+                undo.append((self._place, block_id, key, protected))
         return victims
-
-    def on_rollback(self) -> None:
-        """Forget what the inserts of a failed release taught (see ``ObservesRollbacks``)."""
-        self._undo.rolled_back(self._restore)
-
-    def _restore(self, kind: int, block_id: int, data: Any) -> None:
-        """Undo one recorded call (see :class:`~prefixcache.policies.undo.UndoLog`)."""
-        if kind in (INSERTED, TOUCHED):
-            self._remove(block_id)
-        if kind != INSERTED:
-            self._place(block_id, *data)
 
     def clear(self) -> None:
         """Forget every tracked leaf. Complexity: O(n)."""
@@ -124,7 +116,7 @@ class SLRUPolicy:
         self._protected.clear()
         self._key_of.clear()
         self._is_protected.clear()
-        self._undo.clear()
+        self._txn_undo = None
 
     def __len__(self) -> int:
         return len(self._key_of)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,10 +12,26 @@ from typing import Any
 from prefixcache import policies
 from prefixcache.engine import hashing
 from prefixcache.errors import ConfigError
-from prefixcache.policies import EvictionPolicy, UnknownPolicyError
+from prefixcache.policies import EvictionPolicy, UnknownPolicyError, is_transactional
 
 PolicySpec = str | Mapping[str, Any] | EvictionPolicy
 """A policy name, ``{"name": ..., **kwargs}``, or a ready policy object."""
+
+REF_ZERO = "ref_zero"
+"""The policy name that is an alias of ``cache_unreferenced=False``."""
+
+
+def names_ref_zero(spec: object) -> bool:
+    """Whether the policy spec ``spec`` is the ref-zero alias (by name, mapping or object).
+
+    An object counts when it says ``retains_unreferenced = False`` (the
+    ``RefZeroPolicy`` object, or a policy of the old protocol). O(1).
+    """
+    if isinstance(spec, str):
+        return spec == REF_ZERO
+    if isinstance(spec, Mapping):
+        return spec.get("name") == REF_ZERO
+    return getattr(spec, "retains_unreferenced", True) is False
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:
@@ -67,9 +84,13 @@ class AllocatorConfig:
         block_size_tokens: tokens per block (used for hashing and routing).
         enable_prefix_caching: when False, hashes are ignored: nothing is
             registered and nothing matches.
-        eviction_policy: ``"lru"``, ``"ref_zero"``, any registered name,
-            ``{"name": "lru", ...kwargs}``, or a policy object (used as is:
-            give each allocator its own, a policy holds per-allocator state).
+        eviction_policy: ``"lru"``, any registered name, ``{"name": "lru",
+            ...kwargs}``, or a policy object (used as is: give each
+            allocator its own, a policy holds per-allocator state). A policy
+            object should subclass :class:`~prefixcache.policies.EvictionPolicy`;
+            one that only has the old protocol's methods still works, with a
+            DeprecationWarning. ``"ref_zero"`` is an alias of
+            ``cache_unreferenced=False``.
         device: where device mirrors live; ``None`` = CUDA when available.
         hash_algo: ``"xxh3_64"`` (default), ``"xxh3_128"`` or ``"sha256"``;
             or a hash function called as ``algo(tokens, block_size, *,
@@ -96,11 +117,18 @@ class AllocatorConfig:
             forces the reference engine, ``"native"`` requires the native one.
             The environment variable ``PREFIXCACHE_ENGINE`` overrides
             ``"auto"``. See DESIGN.md, "The engine seam".
+        cache_unreferenced: True keeps a hashed block cached when its last
+            reference is released, until the policy evicts it; False is
+            ref-zero mode (Megatron-core's ``REF_ZERO``): such a block is
+            dropped at once and the policy tracks nothing. None (default)
+            resolves to False for the ``ref_zero`` policy and True otherwise;
+            after construction it is always a bool.
 
     Raises:
         ConfigError: a count of the wrong type or out of range, a non-bool
-            flag, routing dimensions set apart, or a ``hash_algo`` that is
-            neither a known name nor callable as described above.
+            flag, routing dimensions set apart, a ``hash_algo`` that is
+            neither a known name nor callable as described above, or
+            ``cache_unreferenced=True`` with the ``ref_zero`` alias.
     """
 
     total_count: int
@@ -118,6 +146,7 @@ class AllocatorConfig:
     kv_events_medium: str | None = "GPU"
     verify_prefix_hits: bool = False
     engine: str = "auto"
+    cache_unreferenced: bool | None = None
 
     def __post_init__(self) -> None:
         _require_int("total_count", self.total_count, 2)
@@ -138,6 +167,7 @@ class AllocatorConfig:
             )
         if self.engine not in ENGINE_NAMES:
             raise ConfigError(f"engine must be one of {ENGINE_NAMES}, got {self.engine!r}")
+        self._resolve_cache_mode()
         if (self.routing_num_layers is None) != (self.routing_top_k is None):
             raise ConfigError("routing_num_layers and routing_top_k must be set together")
         for name in ("routing_num_layers", "routing_top_k", "routing_num_experts"):
@@ -145,13 +175,28 @@ class AllocatorConfig:
             if value is not None:
                 _require_int(name, value, 1)
 
+    def _resolve_cache_mode(self) -> None:
+        """Turn ``cache_unreferenced=None`` into a bool; refuse True with the ref-zero alias."""
+        ref_zero = names_ref_zero(self.eviction_policy)
+        if self.cache_unreferenced is None:
+            object.__setattr__(self, "cache_unreferenced", not ref_zero)
+        elif not isinstance(self.cache_unreferenced, bool):
+            raise ConfigError(
+                f"cache_unreferenced must be a bool or None, got {self.cache_unreferenced!r}"
+            )
+        elif self.cache_unreferenced and ref_zero:
+            raise ConfigError(
+                "eviction_policy 'ref_zero' means cache_unreferenced=False; "
+                "drop one of the two, or pick another policy"
+            )
+
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> AllocatorConfig:
         """Build a config from a mapping, refusing unknown keys by name.
 
         >>> config = AllocatorConfig.from_dict({"total_count": 64, "eviction_policy": "ref_zero"})
-        >>> config.paused_count
-        0
+        >>> config.paused_count, config.cache_unreferenced
+        (0, False)
         """
         if not isinstance(values, Mapping):
             raise ConfigError(f"config must be a mapping, got {type(values).__name__}")
@@ -163,7 +208,11 @@ class AllocatorConfig:
 
 
 def build_policy(spec: PolicySpec) -> EvictionPolicy:
-    """Turn a policy spec into a fresh policy object.
+    """Turn a policy spec into a fresh policy object (an object spec is used as is).
+
+    A policy of the old protocol (the methods, no :class:`EvictionPolicy`
+    base class) is accepted with a DeprecationWarning: it has no
+    transactions, so the engine takes a failed call back with inverse calls.
 
     Raises:
         ConfigError: unknown name (the message lists the known ones), bad
@@ -177,6 +226,7 @@ def build_policy(spec: PolicySpec) -> EvictionPolicy:
         kwargs = {key: value for key, value in spec.items() if key != "name"}
         name = spec["name"]
     elif isinstance(spec, EvictionPolicy):
+        _warn_if_legacy(spec)
         return spec
     else:
         raise ConfigError(f"eviction_policy must be a name, a mapping or a policy, got {spec!r}")
@@ -193,4 +243,17 @@ def build_policy(spec: PolicySpec) -> EvictionPolicy:
             f"eviction policy {name!r} built a {type(policy).__name__}, "
             "which does not implement policies.EvictionPolicy"
         )
+    _warn_if_legacy(policy)
     return policy
+
+
+def _warn_if_legacy(policy: EvictionPolicy) -> None:
+    if not is_transactional(policy):
+        warnings.warn(
+            f"eviction policy {type(policy).__name__} does not subclass "
+            "prefixcache.policies.EvictionPolicy: it has no transactions, so a failed call is "
+            "taken back with inverse calls (exact only for LRU-like policies); the old protocol "
+            "is deprecated",
+            DeprecationWarning,
+            stacklevel=3,
+        )

@@ -9,20 +9,21 @@ import numpy as np
 from prefixcache.engine.journal import PolicyJournal
 from prefixcache.engine.registry import ROOT, HashRegistry
 from prefixcache.errors import InvariantError
-from prefixcache.policies import EvictionPolicy, PredictsNextVictim
+from prefixcache.policies import EvictionPolicy, has_hook
 
 
 class EvictionPlanner:
     """Chooses the blocks that free room, changing nothing but the policy.
 
-    The allocator's strong exception guarantee needs every fallible call (the
+    The engine's strong exception guarantee needs every fallible call (the
     policy's, then the pool's) made before it writes its own state. An
     eviction is interactive: evicting a leaf may expose its parent, which
     the policy must hear of before it picks the next victim. The planner
     plays that dialogue against the registry as it would be after the
-    removals, without touching it, and records every policy call in a
-    :class:`~prefixcache.engine.journal.PolicyJournal`; the allocator then commits
-    the plan (registry, counters, pool) or rolls the journal back.
+    removals, without touching it, inside the policy transaction of a
+    :class:`~prefixcache.engine.journal.PolicyJournal`; the engine then
+    commits the plan (registry, counters, pool) and the journal, or rolls
+    the journal back (DESIGN.md, "The transaction rule").
 
     It reads the allocator's per-block arrays, which stay the same objects
     for the allocator's lifetime (``reset`` clears them in place).
@@ -51,7 +52,7 @@ class EvictionPlanner:
         self._leaf_args = leaf_args
         # A policy that can say whether an exposed parent would be its next victim
         # lets a chain be evicted from its end without a round trip per block.
-        self._evicts_first = policy.evicts_first if isinstance(policy, PredictsNextVictim) else None
+        self._evicts_first = policy.evicts_first if has_hook(policy, "evicts_first") else None
         self._registry = registry
         self._active_refs = active_refs
         self._paused_refs = paused_refs
@@ -72,7 +73,7 @@ class EvictionPlanner:
 
         Args:
             num_blocks: blocks to free; at most the number of cached blocks.
-            journal: records the policy calls, for a rollback.
+            journal: the open journal the policy calls go through.
 
         Returns:
             Exactly ``num_blocks`` blocks to free, in order; and the blocks that lose their hash
@@ -81,8 +82,9 @@ class EvictionPlanner:
 
         Raises:
             InvariantError: the policy chose something other than one cached
-                leaf, or has none left while cached leaves remain. Policy calls
-                already made stay in ``journal`` for the caller to roll back.
+                leaf, or has none left while cached leaves remain. The policy
+                calls already made stay in the open transaction for the
+                caller to roll back.
 
         Complexity: O(log n) policy work and O(1) else per evicted block.
         """
@@ -93,6 +95,7 @@ class EvictionPlanner:
         # Per evicted block this loop is the hot path of eviction-bound serving,
         # so the checks run inline on local names.
         pick, insert = self._policy.evict, journal.insert
+        note_victim = journal.evicted if journal.NOTES_VICTIMS else None
         evicts_first, leaf_args = self._evicts_first, self._leaf_args
         next_victim = ROOT  # an exposed parent the policy would evict next, kept from it
         registry = self._registry
@@ -121,7 +124,8 @@ class EvictionPlanner:
                         f"policy {type(self._policy).__name__} chose {victims}, not one cached leaf"
                     )
                 block_id = int(block_id)
-                journal.evicted(block_id)
+                if note_victim is not None:
+                    note_victim(block_id)
             else:
                 block_id = self._drop_pinned_subtree(gone, lost_children, dropped)
             gone.add(block_id)

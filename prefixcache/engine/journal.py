@@ -1,79 +1,139 @@
-"""PolicyJournal: the inverse calls that take back a failed allocator call's policy changes."""
+"""PolicyJournal: drives the policy's transaction for one engine operation."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
-from prefixcache.policies import EvictionPolicy, ObservesRollbacks
+from prefixcache.policies import EvictionPolicy, is_transactional
 
 _INSERTED, _REMOVED, _TOUCHED = 0, 1, 2
 
 
 class PolicyJournal:
-    """Records the policy calls of one allocator call so that a failure can undo them.
+    """The engine's side of the transaction rule (DESIGN.md, "The transaction rule").
 
-    The allocator makes its fallible calls (the policy's, then the pool's)
-    before it writes any state of its own. When one of them raises,
-    :meth:`rollback` replays the inverse of every policy call already made,
-    newest first: an inserted leaf is discarded; a leaf that was discarded or
-    evicted is inserted again, and a touched one discarded and inserted
-    again, with the arguments the allocator's still unwritten state gives.
+    An engine operation makes its fallible calls (the policy's, then the
+    pool's) before it writes any state of its own. It opens the journal
+    (:meth:`begin`, which opens the policy's transaction), makes the policy
+    calls through it, and ends with :meth:`commit` when the operation
+    succeeds or :meth:`rollback` when anything raised: the policy's
+    ``abort`` then restores its whole state as it was at ``begin``. The
+    journal records nothing itself; what to undo is the policy's business.
 
-    LRU, whose order is a function of those arguments, tracks the same
-    leaves in the same order afterwards with nothing more. The other online
-    built-in policies that track leaves keep an undo log
-    (``policies/undo.py``; ``ref_zero`` tracks none): each recognises
-    these inverse calls and restores its whole state, history included
-    (ages, targets, ghost lists, clocks, expired retention). A failed release
-    is undone by discards only, the same calls as a hit right after a
-    release; the journal's closing ``on_rollback`` call
-    (``policies.ObservesRollbacks``) tells them apart. The journal relies on
-    a raising policy method having changed nothing itself.
+    A *legacy* policy (one that follows the old protocol without subclassing
+    :class:`~prefixcache.policies.EvictionPolicy`) has no transactions:
+    constructing the journal for it gives a :class:`InverseCallJournal`,
+    which takes its calls back with inverse calls instead.
+
+    One journal serves every operation of an engine, one at a time. Not
+    thread-safe.
 
     Args:
-        policy: the allocator's policy.
+        policy: the engine's policy.
         insert_leaf: inserts a block into the policy with its current arguments.
     """
 
-    __slots__ = ("_insert_leaf", "_policy", "_undo")
+    __slots__ = ("_insert_leaf", "_policy")
+
+    NOTES_VICTIMS: ClassVar[bool] = False
+    """Whether the planner must report each victim with :meth:`evicted`."""
+
+    def __new__(cls, policy: object = None, insert_leaf: object = None) -> PolicyJournal:
+        # Both optional: copy and pickle call __new__ with no arguments.
+        if cls is PolicyJournal and policy is not None and not is_transactional(policy):
+            cls = InverseCallJournal
+        return object.__new__(cls)
 
     def __init__(self, policy: EvictionPolicy, insert_leaf: Callable[[int], None]) -> None:
         self._policy = policy
         self._insert_leaf = insert_leaf
-        self._undo: list[tuple[int, int]] = []  # (block ID, what happened to it)
+
+    def begin(self) -> None:
+        """Open the policy's transaction. Complexity: O(1)."""
+        self._policy.begin()
 
     def insert(self, block_id: int) -> None:
-        """Insert ``block_id`` into the policy; undone by a discard."""
+        """Insert ``block_id`` into the policy with its current arguments."""
+        self._insert_leaf(block_id)
+
+    def discard(self, block_id: int) -> None:
+        """Discard ``block_id`` from the policy."""
+        self._policy.discard(block_id)
+
+    def evicted(self, block_id: int) -> None:
+        """Note that the policy's ``evict`` returned ``block_id`` (the policy recorded it)."""
+
+    def touch(self, block_id: int, now: int) -> None:
+        """Touch ``block_id`` at clock ``now``."""
+        self._policy.touch(block_id, now)
+
+    def commit(self) -> None:
+        """The operation succeeded: the policy keeps every change. Complexity: O(1)."""
+        self._policy.commit()
+
+    def rollback(self) -> None:
+        """The operation failed: the policy aborts to its state at :meth:`begin`.
+
+        Complexity: O(changes), in the policy.
+        """
+        self._policy.abort()
+
+
+class InverseCallJournal(PolicyJournal):
+    """The journal of a legacy policy: inverse calls take a failed operation back.
+
+    The old protocol had no transactions. This journal records each call
+    and, on :meth:`rollback`, replays the inverses newest first: an inserted
+    leaf is discarded; a discarded or evicted one inserted again, and a
+    touched one discarded and inserted again, with the arguments the engine's
+    still unwritten state gives. That restores a policy whose order is a
+    function of those arguments (LRU-like); a policy that learns from its
+    calls keeps a trace of them, unless it has the old ``on_rollback()``
+    signal, called after the inverses. Deprecated with the old protocol:
+    subclass :class:`~prefixcache.policies.EvictionPolicy` instead.
+    """
+
+    __slots__ = ("_undo",)
+
+    NOTES_VICTIMS = True
+
+    def __init__(self, policy: EvictionPolicy, insert_leaf: Callable[[int], None]) -> None:
+        super().__init__(policy, insert_leaf)
+        self._undo: list[tuple[int, int]] = []  # (block ID, what happened to it)
+
+    def begin(self) -> None:
+        self._undo.clear()
+
+    def insert(self, block_id: int) -> None:
         self._insert_leaf(block_id)
         self._undo.append((block_id, _INSERTED))
 
     def discard(self, block_id: int) -> None:
-        """Discard ``block_id`` from the policy; undone by inserting it again."""
         self._policy.discard(block_id)
         self._undo.append((block_id, _REMOVED))
 
     def evicted(self, block_id: int) -> None:
-        """Note that the policy's ``evict`` returned ``block_id``; undone by inserting it again."""
         self._undo.append((block_id, _REMOVED))
 
     def touch(self, block_id: int, now: int) -> None:
-        """Touch ``block_id``; undone by discarding it and inserting it with its old arguments."""
         self._policy.touch(block_id, now)
         self._undo.append((block_id, _TOUCHED))
 
-    def rollback(self) -> None:
-        """Undo every recorded call, newest first, then tell a policy that observes rollbacks.
+    def commit(self) -> None:
+        self._undo.clear()
 
-        Complexity: O(calls) policy calls.
-        """
-        policy, insert_leaf = self._policy, self._insert_leaf
-        if not self._undo:
+    def rollback(self) -> None:
+        """Undo every recorded call, newest first. Complexity: O(calls) policy calls."""
+        policy, insert_leaf, undo = self._policy, self._insert_leaf, self._undo
+        if not undo:
             return
-        while self._undo:
-            block_id, what = self._undo.pop()
+        while undo:
+            block_id, what = undo.pop()
             if what != _REMOVED:
                 policy.discard(block_id)
             if what != _INSERTED:
                 insert_leaf(block_id)
-        if isinstance(policy, ObservesRollbacks):
-            policy.on_rollback()
+        on_rollback = getattr(policy, "on_rollback", None)
+        if callable(on_rollback):
+            on_rollback()

@@ -30,8 +30,10 @@ class PythonEngine:
     the :class:`PartitionLedger` (active/paused/cached counts, budgets), the
     :class:`HashRegistry` (prefix index), the :class:`EvictionPlanner` and the
     policy behind a :class:`PolicyJournal`. Every method makes its fallible
-    calls (policy, then pool) first and writes its own state last; a failure
-    rolls the policy back, so the engine is left exactly as it was.
+    calls (policy, then pool) first, inside one policy transaction, and
+    writes its own state last; a failure aborts the transaction, so the
+    engine and the policy are left exactly as they were (DESIGN.md, "The
+    transaction rule").
 
     Args:
         total_count: blocks including the dummy.
@@ -40,6 +42,8 @@ class PythonEngine:
         device: where the pool's free-stack mirror lives.
         track_changes: record freed blocks and removed hashes for
             :meth:`take_changes` (events or routing are on).
+        cache_unreferenced: the config's mode (False: ref-zero); None: the
+            policy's deprecated ``retains_unreferenced``.
     """
 
     name = "python"
@@ -52,9 +56,12 @@ class PythonEngine:
         device: str | None,
         *,
         track_changes: bool = False,
+        cache_unreferenced: bool | None = None,
     ) -> None:
         self.policy = policy
-        self.retains_unreferenced = bool(policy.retains_unreferenced)
+        if cache_unreferenced is None:
+            cache_unreferenced = bool(getattr(policy, "retains_unreferenced", True))
+        self.retains_unreferenced = cache_unreferenced
         self.pool = BlockPool(total_count, device)
         self.num_usable = total_count - 1
         self.registry = HashRegistry(total_count)
@@ -74,6 +81,7 @@ class PythonEngine:
         self.registrar = Registrar(
             self.registry, self.refs, policy, self.retains_unreferenced, self._discard_leaves
         )
+        self._policy_journal = PolicyJournal(policy, self._insert_leaf)
         self._track_changes = track_changes
         self._freed: list[np.ndarray] = []
         self._removed: list[int] = []
@@ -231,6 +239,7 @@ class PythonEngine:
         except BaseException:
             journal.rollback()
             raise
+        journal.commit()
         self.ledger.num_cached += len(hashed)
 
     def _drop_blocks(self, hashed: np.ndarray, unhashed: np.ndarray) -> None:
@@ -268,7 +277,10 @@ class PythonEngine:
         self.policy.insert(block_id, *self.leaf_args(block_id))
 
     def _journal(self) -> PolicyJournal:
-        return PolicyJournal(self.policy, self._insert_leaf)
+        """The engine's journal with a policy transaction open; end it with commit or rollback."""
+        journal = self._policy_journal
+        journal.begin()
+        return journal
 
     # ------------------------------------------------------------------ prefix reuse
 
@@ -329,6 +341,7 @@ class PythonEngine:
         except BaseException:
             journal.rollback()
             raise
+        journal.commit()
 
     def register(
         self, block_ids: np.ndarray, block_hashes: list[int], parent_hash: int | None
@@ -395,6 +408,7 @@ class PythonEngine:
             except BaseException:
                 journal.rollback()
                 raise
+            journal.commit()
         self._clock = now
         self.refs.last_access[ids] = now
 
@@ -409,6 +423,7 @@ class PythonEngine:
         except BaseException:
             journal.rollback()
             raise
+        journal.commit()
         self._commit_eviction(freed, dropped)
         if self._track_changes:
             self._freed.append(np.asarray(freed, dtype=np.int32))
@@ -430,6 +445,7 @@ class PythonEngine:
         except BaseException:
             journal.rollback()
             raise
+        journal.commit()
         self._commit_eviction(freed, dropped)
         return block_ids
 
