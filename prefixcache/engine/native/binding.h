@@ -1,0 +1,39 @@
+// Argument parsing and result helpers shared by module.cpp and module_engine.cpp.
+// Each parser raises the library's own exception and returns false on bad input.
+
+#ifndef PREFIXCACHE_ENGINE_NATIVE_BINDING_H_
+#define PREFIXCACHE_ENGINE_NATIVE_BINDING_H_
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+
+namespace prefixcache {
+
+PyObject* native_raise(ErrorKind kind, const std::string& message);
+PyObject* native_block_ids(const int32_t* values, size_t size);
+PyObject* native_new_block_ids(Py_ssize_t size, int32_t** data);
+bool native_parse_ids(PyObject* obj, int32_t num_usable, std::vector<int32_t>& out,
+                      const char* what);
+bool native_parse_hashes(PyObject* obj, std::vector<int64_t>& out, const char* what,
+                         bool sentinels);
+bool native_parse_count(PyObject* obj, const char* what, int64_t* out, bool* huge);
+bool native_parse_flag(PyObject* obj, const char* what, bool* out);
+bool native_bind_args(const char* function, PyObject* const* args, Py_ssize_t nargs,
+                      PyObject* kwnames, const char* const* names, Py_ssize_t required,
+                      Py_ssize_t total, PyObject** out);
+bool native_int_buffer(PyObject* obj, Py_buffer* view, bool writable, const char* what,
+                       bool* is_signed);
+int64_t native_element(const void* buf, Py_ssize_t i, Py_ssize_t itemsize, bool is_signed,
+                       bool* too_big);
+bool add_engine_type(PyObject* module);
+PyObject* native_buffer_source(PyObject* obj, const char* what);
+
+}  // namespace prefixcache
+
+#endif  // PREFIXCACHE_ENGINE_NATIVE_BINDING_H_

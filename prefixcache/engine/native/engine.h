@@ -1,0 +1,199 @@
+// Engine: the native implementation of prefixcache's EngineCore interface.
+//
+// The same state as prefixcache/engine/python_engine.py, as flat arrays
+// indexed by block ID (DESIGN.md, "The engine seam"): the free stack, active
+// and paused reference counts with their partition counters, the hash
+// registry (HashIndex plus parent/child links, child counts and depths),
+// last access and hand-out counts, and the built-in policies inside (lru and
+// fifo as a LeafHeap of cached leaves; ref-zero as a mode that caches
+// nothing). Method names and the order of operations follow the Python
+// engine, so a reader can move between them; every order that an observer can
+// see (IDs handed out, the free stack, child lists, removed hashes) is the
+// Python engine's, which the differential test checks step by step.
+//
+// Every method validates all it needs before it changes anything and throws
+// EngineError (mapped to the library's exception classes by module.cpp);
+// after the first write nothing throws. Not thread-safe.
+
+#ifndef PREFIXCACHE_ENGINE_NATIVE_ENGINE_H_
+#define PREFIXCACHE_ENGINE_NATIVE_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hash_index.h"
+#include "leaf_heap.h"
+
+namespace prefixcache {
+
+enum class ErrorKind {
+  kInvalidArgument,
+  kInvalidBlockId,
+  kInvalidTensor,
+  kBlockState,
+  kReferenceCount,
+  kHashConflict,
+  kCapacity,
+  kBudgetExceeded,
+  kInvariant,
+};
+
+struct EngineError {
+  ErrorKind kind;
+  std::string message;
+};
+
+enum class PolicyKind { kLru = 0, kFifo = 1, kRefZero = 2 };
+
+constexpr int32_t kRoot = -1;  // parent of a chain's first block; "no block" in links
+
+struct Counters {
+  int64_t num_allocated = 0;
+  int64_t num_released = 0;
+  int64_t num_queried = 0;
+  int64_t num_hits = 0;
+  int64_t num_evicted = 0;
+  int64_t num_dropped = 0;
+  int64_t clock = 0;
+};
+
+class Engine {
+ public:
+  Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, bool track_changes);
+
+  // ---- configuration and O(1) counters
+  int32_t num_usable() const noexcept { return num_usable_; }
+  int32_t paused_count() const noexcept { return paused_count_; }
+  int32_t active_count() const noexcept { return num_usable_ - paused_count_; }
+  bool retains_unreferenced() const noexcept { return policy_ != PolicyKind::kRefZero; }
+  PolicyKind policy() const noexcept { return policy_; }
+  int64_t num_free() const noexcept { return num_free_; }
+  int64_t num_active() const noexcept { return num_active_; }
+  int64_t num_paused() const noexcept { return num_paused_; }
+  int64_t num_cached() const noexcept { return num_cached_; }
+  int64_t num_registered() const noexcept { return static_cast<int64_t>(index_.size()); }
+  int64_t clock() const noexcept { return counters_.clock; }
+  const Counters& counters() const noexcept { return counters_; }
+  int64_t advance_clock(int64_t ticks) noexcept { return counters_.clock += ticks; }
+  int group_depth() const noexcept { return group_depth_; }
+
+  // ---- allocation (IDs passed in are in [0, num_usable), checked by the caller)
+  bool allocate(int64_t num_blocks, int32_t* out);
+  void release(const int32_t* ids, size_t count, bool paused);
+  void open_group() noexcept { ++group_depth_; }
+  void close_group();
+
+  // ---- prefix reuse
+  size_t lookup(const int64_t* hashes, size_t count, int32_t* out) const noexcept;
+  void take_hit(const int32_t* ids, size_t count, int64_t num_queried, bool acquire);
+  void acquire(const int32_t* ids, size_t count);
+  void register_chain(const int32_t* ids, const int64_t* hashes, size_t count, bool has_parent,
+                      int64_t parent_hash, uint8_t* holds, uint8_t* is_new);
+  int32_t block_of(int64_t block_hash) const noexcept { return index_.find(block_hash); }
+  int64_t hash_of(int32_t block_id) const noexcept { return hash_of_[block_id]; }
+  bool is_registered(int32_t block_id) const noexcept { return hash_of_[block_id] != 0; }
+  int32_t parent_of(int32_t block_id) const noexcept { return parent_[block_id]; }
+  int32_t depth_of(int32_t block_id) const noexcept { return depth_[block_id]; }
+  /// Registered blocks ordered by (depth, registration order): parents first.
+  std::vector<int32_t> registered_in_order() const;
+
+  // ---- fused request path
+  /// Admit one request whose ``num_full`` block hashes are given; see module.cpp.
+  int64_t admit(const int64_t* hashes, size_t num_full, size_t num_matchable,
+                size_t num_blocks, int32_t* out_row);
+
+  // ---- partitions and time
+  void move(const int32_t* ids, size_t count, bool to_paused);
+  void touch(const int32_t* ids, size_t count);
+  int64_t evict(int64_t num_blocks);
+  int32_t active_refs(int32_t block_id) const noexcept { return active_[block_id]; }
+  int32_t paused_refs(int32_t block_id) const noexcept { return paused_[block_id]; }
+  const char* describe_state(int32_t block_id) const noexcept;
+
+  // ---- collaborators above the engine
+  bool tracks_changes() const noexcept { return track_changes_; }
+  std::vector<int32_t>& freed_blocks() noexcept { return changed_free_; }
+  std::vector<int64_t>& removed_hashes() noexcept { return removed_hashes_; }
+  void reset();
+  std::vector<std::string> find_problems() const;
+  /// Free IDs, bottom of the stack first.
+  const int32_t* free_stack() const noexcept { return stack_.data(); }
+  size_t memory_bytes() const noexcept;
+
+ private:
+  // Distinct IDs of ``ids`` (input order when all are distinct, else ascending, as
+  // numpy's unique) into unique_, with counts_ (empty when all are distinct).
+  void count_occurrences(const int32_t* ids, size_t count);
+  void check_reference_counts(const int32_t* held_minus, const char* partition) const;
+  void drop_references(bool paused);
+  void on_unreferenced(const std::vector<int32_t>& block_ids);
+  void drop_blocks(const std::vector<int32_t>& hashed, const std::vector<int32_t>& unhashed);
+  void take_references();
+  void queue_release();
+  void flush_releases();
+  void plan_eviction(int64_t num_blocks, std::vector<int32_t>& freed);
+  int32_t drop_pinned_subtree();
+  void subtree(int32_t root_id, std::vector<int32_t>& order);
+  void deregister_leaf(int32_t block_id);
+  void register_block(int32_t block_id, int64_t block_hash, int32_t parent_id);
+  void link_child(int32_t parent_id, int32_t child_id) noexcept;
+  void unlink_child(int32_t parent_id, int32_t child_id) noexcept;
+  bool is_tracked_leaf(int32_t block_id) const noexcept;
+  bool is_unreferenced(int32_t block_id) const noexcept {
+    return active_[block_id] == 0 && paused_[block_id] == 0;
+  }
+  void push_free(int32_t block_id) noexcept;
+  void insert_leaf(int32_t block_id) noexcept { heap_.insert(block_id, last_access_[block_id]); }
+  void reset_counters() noexcept;
+
+  const int32_t total_count_;
+  const int32_t num_usable_;
+  const int32_t paused_count_;
+  const PolicyKind policy_;
+  const bool track_changes_;
+
+  std::vector<int32_t> stack_;  // free IDs; the top is at num_free_ - 1
+  int64_t num_free_ = 0;
+  std::vector<int32_t> active_;   // references of running requests
+  std::vector<int32_t> paused_;   // references of paused requests
+  std::vector<int32_t> pending_;  // active releases queued by open free groups
+  std::vector<int32_t> pending_blocks_;  // blocks with pending_ > 0, in queueing order
+  int group_depth_ = 0;
+
+  // Registry. hash_of_ == 0: not registered.
+  HashIndex index_;
+  std::vector<int64_t> hash_of_;
+  std::vector<int32_t> parent_;  // kRoot for a chain's first block
+  std::vector<int32_t> first_child_, next_sibling_, prev_sibling_;  // kRoot: none
+  std::vector<int32_t> num_children_;
+  std::vector<int32_t> depth_;
+  std::vector<int64_t> registration_;  // order of registration, for registered_in_order
+  int64_t num_registrations_ = 0;
+  // Of registered blocks: clock of registration or last hit/touch; hand-outs since.
+  std::vector<int64_t> last_access_;
+  std::vector<int32_t> num_accesses_;
+  LeafHeap heap_;
+
+  int64_t num_active_ = 0, num_paused_ = 0, num_cached_ = 0;
+  Counters counters_;
+
+  std::vector<int32_t> changed_free_;
+  std::vector<int64_t> removed_hashes_;
+
+  // Scratch, reused across calls (no allocation on the hot paths once warm).
+  std::vector<uint32_t> stamp_;  // stamp_[b] == generation_: seen in this pass
+  std::vector<int32_t> slot_;    // b's index in unique_ while stamped
+  uint32_t generation_ = 0;
+  std::vector<int32_t> unique_, counts_, held_, scratch_, scratch2_, stack_scratch_;
+  std::vector<int32_t> hits_;
+  std::vector<uint8_t> flags_;
+
+  uint32_t next_generation() noexcept;
+};
+
+}  // namespace prefixcache
+
+#endif  // PREFIXCACHE_ENGINE_NATIVE_ENGINE_H_

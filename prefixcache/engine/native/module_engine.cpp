@@ -1,0 +1,752 @@
+// prefixcache.engine._native.Engine: the Python type over one native Engine.
+//
+// One method per EngineCore operation (prefixcache/engine/core.py), plus the
+// fused request path (admit_request / release_request). Arguments are parsed
+// and checked by binding.h's helpers before the engine runs; results go out as
+// BlockIds buffers, bytes of 0/1 flags, ints and lists.
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "binding.h"
+#include "block_hashing.h"
+
+namespace prefixcache {
+namespace {
+
+struct EngineObject {
+  PyObject_HEAD
+  Engine* engine;
+  std::vector<int32_t>* ids;       // parsed block IDs
+  std::vector<int64_t>* hashes;    // parsed or computed hashes
+  std::vector<int32_t>* tokens;    // tokens narrowed to int32
+  int64_t block_size;
+  uint64_t root;
+};
+
+#define GUARD(...)                                             \
+  try {                                                        \
+    __VA_ARGS__                                                \
+  } catch (const EngineError& error) {                         \
+    return native_raise(error.kind, error.message);            \
+  } catch (const std::bad_alloc&) {                            \
+    return PyErr_NoMemory();                                   \
+  }
+
+#define FASTCALL(name)                                                                  \
+  PyObject* name(PyObject* py_self, PyObject* const* args, Py_ssize_t nargs,            \
+                 PyObject* kwnames)
+
+inline EngineObject* self_of(PyObject* py_self) { return reinterpret_cast<EngineObject*>(py_self); }
+
+bool ready(EngineObject* self) {
+  if (self->engine) return true;
+  PyErr_SetString(PyExc_RuntimeError, "native Engine not initialised");
+  return false;
+}
+
+// ------------------------------------------------------------------ life cycle
+
+void engine_dealloc(PyObject* py_self) {
+  EngineObject* self = self_of(py_self);
+  delete self->engine;
+  delete self->ids;
+  delete self->hashes;
+  delete self->tokens;
+  Py_TYPE(py_self)->tp_free(py_self);
+}
+
+int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
+  static const char* keywords[] = {"total_count", "paused_count", "policy", "track_changes",
+                                   "block_size", "root_hash", nullptr};
+  long long total_count = 0, paused_count = 0, block_size = 16;
+  const char* policy = nullptr;
+  int track_changes = 0;
+  PyObject* root = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLsp|LO", const_cast<char**>(keywords),
+                                   &total_count, &paused_count, &policy, &track_changes,
+                                   &block_size, &root)) {
+    return -1;
+  }
+  if (total_count < 2 || total_count > INT32_MAX || paused_count < 0 ||
+      paused_count > total_count - 2 || block_size < 1 || block_size > INT32_MAX / 4) {
+    native_raise(ErrorKind::kInvalidArgument,
+                 "total_count must be in [2, 2**31), paused_count in [0, total_count - 2], "
+                 "block_size >= 1");
+    return -1;
+  }
+  PolicyKind kind;
+  if (std::strcmp(policy, "lru") == 0) {
+    kind = PolicyKind::kLru;
+  } else if (std::strcmp(policy, "fifo") == 0) {
+    kind = PolicyKind::kFifo;
+  } else if (std::strcmp(policy, "ref_zero") == 0) {
+    kind = PolicyKind::kRefZero;
+  } else {
+    native_raise(ErrorKind::kInvalidArgument,
+                 std::string("the native engine runs lru, fifo and ref_zero, not ") + policy);
+    return -1;
+  }
+  uint64_t root_hash = default_root();
+  if (root && root != Py_None) {
+    root_hash = PyLong_Check(root) ? PyLong_AsUnsignedLongLong(root) : 0;
+    if (PyErr_Occurred() || root_hash == 0 || root_hash > kMaxBlockHash) {
+      PyErr_Clear();
+      native_raise(ErrorKind::kInvalidArgument, "root_hash must be an int in [1, 2**63 - 1]");
+      return -1;
+    }
+  }
+  EngineObject* self = self_of(py_self);
+  try {
+    Engine* engine = new Engine(static_cast<int32_t>(total_count),
+                                static_cast<int32_t>(paused_count), kind, track_changes != 0);
+    delete self->engine;
+    self->engine = engine;
+    if (!self->ids) self->ids = new std::vector<int32_t>();
+    if (!self->hashes) self->hashes = new std::vector<int64_t>();
+    if (!self->tokens) self->tokens = new std::vector<int32_t>();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  self->block_size = block_size;
+  self->root = root_hash;
+  return 0;
+}
+
+// ------------------------------------------------------------------ allocation
+
+PyObject* engine_allocate(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  int64_t count;
+  bool huge;
+  if (!native_parse_count(arg, "num_blocks", &count, &huge)) return nullptr;
+  Engine& engine = *self->engine;
+  if (huge || count > engine.num_free() + engine.num_cached()) Py_RETURN_NONE;
+  int32_t* data = nullptr;
+  PyObject* ids = native_new_block_ids(static_cast<Py_ssize_t>(count), &data);
+  if (!ids) return nullptr;
+  try {
+    engine.allocate(count, data);
+  } catch (const EngineError& error) {
+    Py_DECREF(ids);
+    return native_raise(error.kind, error.message);
+  } catch (const std::bad_alloc&) {
+    Py_DECREF(ids);
+    return PyErr_NoMemory();
+  }
+  return ids;
+}
+
+FASTCALL(engine_release) {
+  static const char* const names[] = {"block_ids", "paused"};
+  EngineObject* self = self_of(py_self);
+  PyObject* bound[2];
+  if (!ready(self) || !native_bind_args("release", args, nargs, kwnames, names, 1, 2, bound)) {
+    return nullptr;
+  }
+  bool paused = false;
+  if (bound[1] && !native_parse_flag(bound[1], "paused", &paused)) return nullptr;
+  if (!native_parse_ids(bound[0], self->engine->num_usable(), *self->ids, "block_ids")) {
+    return nullptr;
+  }
+  GUARD(self->engine->release(self->ids->data(), self->ids->size(), paused);)
+  Py_RETURN_NONE;
+}
+
+PyObject* engine_release_request(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self) || !native_parse_ids(arg, self->engine->num_usable(), *self->ids, "block_ids")) {
+    return nullptr;
+  }
+  GUARD(self->engine->release(self->ids->data(), self->ids->size(), false);)
+  Py_RETURN_NONE;
+}
+
+PyObject* engine_open_group(PyObject* py_self, PyObject*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  self->engine->open_group();
+  Py_RETURN_NONE;
+}
+
+PyObject* engine_close_group(PyObject* py_self, PyObject*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  GUARD(self->engine->close_group();)
+  Py_RETURN_NONE;
+}
+
+// ------------------------------------------------------------------ prefix reuse
+
+PyObject* engine_lookup(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self) || !native_parse_hashes(arg, *self->hashes, "block_hashes", false)) {
+    return nullptr;
+  }
+  std::vector<int32_t>& found = *self->ids;
+  found.resize(self->hashes->size());
+  const size_t matched = self->engine->lookup(self->hashes->data(), self->hashes->size(),
+                                              found.data());
+  return native_block_ids(found.data(), matched);
+}
+
+FASTCALL(engine_take_hit) {
+  static const char* const names[] = {"block_ids", "num_queried", "acquire"};
+  EngineObject* self = self_of(py_self);
+  PyObject* bound[3];
+  if (!ready(self) || !native_bind_args("take_hit", args, nargs, kwnames, names, 3, 3, bound)) {
+    return nullptr;
+  }
+  int64_t num_queried;
+  bool huge, acquire;
+  if (!native_parse_count(bound[1], "num_queried", &num_queried, &huge) ||
+      !native_parse_flag(bound[2], "acquire", &acquire) ||
+      !native_parse_ids(bound[0], self->engine->num_usable(), *self->ids, "block_ids")) {
+    return nullptr;
+  }
+  if (huge) return native_raise(ErrorKind::kInvalidArgument, "num_queried is too large");
+  GUARD(self->engine->take_hit(self->ids->data(), self->ids->size(), num_queried, acquire);)
+  Py_RETURN_NONE;
+}
+
+PyObject* engine_acquire(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self) || !native_parse_ids(arg, self->engine->num_usable(), *self->ids, "block_ids")) {
+    return nullptr;
+  }
+  GUARD(self->engine->acquire(self->ids->data(), self->ids->size());)
+  Py_RETURN_NONE;
+}
+
+FASTCALL(engine_register) {
+  static const char* const names[] = {"block_ids", "block_hashes", "parent_hash"};
+  EngineObject* self = self_of(py_self);
+  PyObject* bound[3];
+  if (!ready(self) || !native_bind_args("register", args, nargs, kwnames, names, 2, 3, bound)) {
+    return nullptr;
+  }
+  if (!native_parse_ids(bound[0], self->engine->num_usable(), *self->ids, "block_ids") ||
+      !native_parse_hashes(bound[1], *self->hashes, "block_hashes", true)) {
+    return nullptr;
+  }
+  const size_t count = self->ids->size();
+  if (self->hashes->size() != count) {
+    return native_raise(ErrorKind::kInvalidArgument,
+                        std::to_string(count) + " block IDs but " +
+                            std::to_string(self->hashes->size()) + " hashes");
+  }
+  bool has_parent = bound[2] && bound[2] != Py_None;
+  int64_t parent_hash = 0;
+  if (has_parent) {
+    int overflow = 0;
+    if (PyBool_Check(bound[2]) || !PyLong_Check(bound[2])) {
+      return native_raise(ErrorKind::kInvalidArgument, "parent_hash must be an int or None");
+    }
+    parent_hash = PyLong_AsLongLongAndOverflow(bound[2], &overflow);
+    if (overflow) {
+      return native_raise(ErrorKind::kInvalidArgument,
+                          "parent_hash is outside the signed 64-bit range");
+    }
+  }
+  PyObject* holds = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(count));
+  PyObject* fresh = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(count));
+  if (!holds || !fresh) {
+    Py_XDECREF(holds);
+    Py_XDECREF(fresh);
+    return nullptr;
+  }
+  try {
+    self->engine->register_chain(self->ids->data(), self->hashes->data(), count, has_parent,
+                                 parent_hash,
+                                 reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(holds)),
+                                 reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(fresh)));
+  } catch (const EngineError& error) {
+    Py_DECREF(holds);
+    Py_DECREF(fresh);
+    return native_raise(error.kind, error.message);
+  } catch (const std::bad_alloc&) {
+    Py_DECREF(holds);
+    Py_DECREF(fresh);
+    return PyErr_NoMemory();
+  }
+  return Py_BuildValue("(NN)", holds, fresh);
+}
+
+bool parse_one_id(EngineObject* self, PyObject* arg, int32_t* out) {
+  if (PyBool_Check(arg) || !PyLong_Check(arg)) {
+    native_raise(ErrorKind::kInvalidArgument, "block_id must be an int");
+    return false;
+  }
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(arg, &overflow);
+  if (overflow || value < 0 || value >= self->engine->num_usable()) {
+    native_raise(ErrorKind::kInvalidBlockId, "block_id outside [0, " +
+                                                 std::to_string(self->engine->num_usable()) + ")");
+    return false;
+  }
+  *out = static_cast<int32_t>(value);
+  return true;
+}
+
+PyObject* engine_block_of(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  if (PyBool_Check(arg) || !PyLong_Check(arg)) {
+    return native_raise(ErrorKind::kInvalidArgument, "block_hash must be an int");
+  }
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(arg, &overflow);
+  const int32_t block_id = overflow || value == 0 ? -1 : self->engine->block_of(value);
+  if (block_id < 0) Py_RETURN_NONE;
+  return PyLong_FromLong(block_id);
+}
+
+PyObject* engine_hash_of(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  int32_t block_id;
+  if (!ready(self) || !parse_one_id(self, arg, &block_id)) return nullptr;
+  const int64_t block_hash = self->engine->hash_of(block_id);
+  if (block_hash == 0) Py_RETURN_NONE;
+  return PyLong_FromLongLong(block_hash);
+}
+
+PyObject* engine_registered_chains(PyObject* py_self, PyObject*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  const Engine& engine = *self->engine;
+  std::vector<int32_t> blocks;
+  GUARD(blocks = engine.registered_in_order();)
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(blocks.size()));
+  if (!list) return nullptr;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const int32_t parent_id = engine.parent_of(blocks[i]);
+    PyObject* pair =
+        parent_id == kRoot
+            ? Py_BuildValue("(LO)", static_cast<long long>(engine.hash_of(blocks[i])), Py_None)
+            : Py_BuildValue("(LL)", static_cast<long long>(engine.hash_of(blocks[i])),
+                            static_cast<long long>(engine.hash_of(parent_id)));
+    if (!pair) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), pair);
+  }
+  return list;
+}
+
+// ------------------------------------------------------------------ fused request path
+
+// Tokens as int32: the buffer itself when it is int32, else narrowed into
+// self->tokens (every token must fit in int32, as hashing.py requires).
+bool parse_tokens(EngineObject* self, PyObject* obj, const int32_t** tokens, size_t* count) {
+  std::vector<int32_t>& narrowed = *self->tokens;
+  auto outside = [](int64_t value) {
+    native_raise(ErrorKind::kInvalidArgument,
+                 "token " + std::to_string(value) + " is outside the int32 range");
+    return false;
+  };
+  if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+    const Py_ssize_t size = PySequence_Fast_GET_SIZE(obj);
+    PyObject** items = PySequence_Fast_ITEMS(obj);
+    narrowed.resize(static_cast<size_t>(size));
+    for (Py_ssize_t i = 0; i < size; ++i) {
+      if (PyBool_Check(items[i]) || !PyLong_Check(items[i])) {
+        native_raise(ErrorKind::kInvalidArgument, "tokens must be ints");
+        return false;
+      }
+      int overflow = 0;
+      const long long value = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+      if (overflow || value < INT32_MIN || value > INT32_MAX) return outside(overflow ? INT64_MAX : value);
+      narrowed[i] = static_cast<int32_t>(value);
+    }
+    *tokens = narrowed.data();
+    *count = narrowed.size();
+    return true;
+  }
+  PyObject* source = native_buffer_source(obj, "tokens");
+  if (!source) {
+    if (!PyErr_Occurred()) {
+      native_raise(ErrorKind::kInvalidArgument,
+                   std::string("tokens must be a 1-D integer array or a list of ints, got ") +
+                       Py_TYPE(obj)->tp_name);
+    }
+    return false;
+  }
+  Py_buffer view;
+  bool is_signed;
+  const bool got = native_int_buffer(source, &view, false, "tokens", &is_signed);
+  Py_DECREF(source);
+  if (!got) return false;
+  const Py_ssize_t size = view.shape[0];
+  bool ok = true;
+  narrowed.resize(static_cast<size_t>(size));
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    bool too_big = false;
+    const int64_t value = view.itemsize == 4 && is_signed
+                              ? static_cast<const int32_t*>(view.buf)[i]
+                              : native_element(view.buf, i, view.itemsize, is_signed, &too_big);
+    if (too_big || value < INT32_MIN || value > INT32_MAX) {
+      ok = outside(too_big ? INT64_MAX : value);
+      break;
+    }
+    narrowed[i] = static_cast<int32_t>(value);
+  }
+  PyBuffer_Release(&view);
+  *tokens = narrowed.data();
+  *count = narrowed.size();
+  return ok;
+}
+
+FASTCALL(engine_admit_request) {
+  static const char* const names[] = {"tokens", "out_row"};
+  EngineObject* self = self_of(py_self);
+  PyObject* bound[2];
+  if (!ready(self) ||
+      !native_bind_args("admit_request", args, nargs, kwnames, names, 2, 2, bound)) {
+    return nullptr;
+  }
+  const int32_t* tokens;
+  size_t num_tokens;
+  if (!parse_tokens(self, bound[0], &tokens, &num_tokens)) return nullptr;
+  PyObject* source = native_buffer_source(bound[1], "out_row");
+  if (!source) {
+    if (!PyErr_Occurred()) {
+      native_raise(ErrorKind::kInvalidTensor, std::string("out_row must be an int32 array, got ") +
+                                                  Py_TYPE(bound[1])->tp_name);
+    }
+    return nullptr;
+  }
+  Py_buffer row;
+  bool is_signed;
+  const bool got = native_int_buffer(source, &row, true, "out_row", &is_signed);
+  Py_DECREF(source);
+  if (!got) return nullptr;
+  const size_t block_size = static_cast<size_t>(self->block_size);
+  const size_t num_full = num_tokens / block_size;
+  const size_t num_blocks = (num_tokens + block_size - 1) / block_size;
+  const size_t num_matchable = num_tokens ? (num_tokens - 1) / block_size : 0;
+  if (row.itemsize != 4 || !is_signed) {
+    PyBuffer_Release(&row);
+    return native_raise(ErrorKind::kInvalidTensor, "out_row must be an int32 array");
+  }
+  if (static_cast<size_t>(row.shape[0]) < num_blocks) {
+    const Py_ssize_t length = row.shape[0];
+    PyBuffer_Release(&row);
+    return native_raise(ErrorKind::kInvalidArgument,
+                        "out_row holds " + std::to_string(length) + " IDs; the request needs " +
+                            std::to_string(num_blocks));
+  }
+  std::vector<int64_t>& hashes = *self->hashes;
+  int64_t num_hit = 0;
+  try {
+    hashes.resize(num_full);
+    chain_block_hashes(tokens, num_tokens, block_size, self->root,
+                       reinterpret_cast<uint64_t*>(hashes.data()));
+    num_hit = self->engine->admit(hashes.data(), num_full, num_matchable, num_blocks,
+                                  static_cast<int32_t*>(row.buf));
+  } catch (const EngineError& error) {
+    PyBuffer_Release(&row);
+    return native_raise(error.kind, error.message);
+  } catch (const std::bad_alloc&) {
+    PyBuffer_Release(&row);
+    return PyErr_NoMemory();
+  }
+  PyBuffer_Release(&row);
+  return PyLong_FromLongLong(num_hit);
+}
+
+PyObject* engine_hash_tokens(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  const int32_t* tokens;
+  size_t num_tokens;
+  if (!ready(self) || !parse_tokens(self, arg, &tokens, &num_tokens)) return nullptr;
+  const size_t num_full = num_tokens / static_cast<size_t>(self->block_size);
+  std::vector<int64_t>& hashes = *self->hashes;
+  hashes.resize(num_full);
+  chain_block_hashes(tokens, num_tokens, static_cast<size_t>(self->block_size), self->root,
+                     reinterpret_cast<uint64_t*>(hashes.data()));
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(num_full));
+  if (!list) return nullptr;
+  for (size_t i = 0; i < num_full; ++i) {
+    PyObject* item = PyLong_FromLongLong(hashes[i]);
+    if (!item) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+  }
+  return list;
+}
+
+// ------------------------------------------------------------------ partitions and time
+
+FASTCALL(engine_move) {
+  static const char* const names[] = {"block_ids", "to_paused"};
+  EngineObject* self = self_of(py_self);
+  PyObject* bound[2];
+  if (!ready(self) || !native_bind_args("move", args, nargs, kwnames, names, 2, 2, bound)) {
+    return nullptr;
+  }
+  bool to_paused;
+  if (!native_parse_flag(bound[1], "to_paused", &to_paused) ||
+      !native_parse_ids(bound[0], self->engine->num_usable(), *self->ids, "block_ids")) {
+    return nullptr;
+  }
+  GUARD(self->engine->move(self->ids->data(), self->ids->size(), to_paused);)
+  Py_RETURN_NONE;
+}
+
+PyObject* engine_touch(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self) || !native_parse_ids(arg, self->engine->num_usable(), *self->ids, "block_ids")) {
+    return nullptr;
+  }
+  GUARD(self->engine->touch(self->ids->data(), self->ids->size());)
+  Py_RETURN_NONE;
+}
+
+PyObject* engine_evict(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  int64_t count;
+  bool huge;
+  if (!ready(self) || !native_parse_count(arg, "num_blocks", &count, &huge)) return nullptr;
+  int64_t freed = 0;
+  GUARD(freed = self->engine->evict(count);)
+  return PyLong_FromLongLong(freed);
+}
+
+PyObject* engine_advance_clock(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  int64_t ticks;
+  bool huge;
+  if (!ready(self) || !native_parse_count(arg, "ticks", &ticks, &huge)) return nullptr;
+  if (huge || ticks > INT64_MAX / 2 - self->engine->clock()) {
+    return native_raise(ErrorKind::kInvalidArgument, "ticks would overflow the clock");
+  }
+  return PyLong_FromLongLong(self->engine->advance_clock(ticks));
+}
+
+PyObject* engine_reference_counts(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self) || !native_parse_ids(arg, self->engine->num_usable(), *self->ids, "block_ids")) {
+    return nullptr;
+  }
+  const std::vector<int32_t>& ids = *self->ids;
+  int32_t *active = nullptr, *paused = nullptr;
+  PyObject* active_ids = native_new_block_ids(static_cast<Py_ssize_t>(ids.size()), &active);
+  PyObject* paused_ids = native_new_block_ids(static_cast<Py_ssize_t>(ids.size()), &paused);
+  if (!active_ids || !paused_ids) {
+    Py_XDECREF(active_ids);
+    Py_XDECREF(paused_ids);
+    return nullptr;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    active[i] = self->engine->active_refs(ids[i]);
+    paused[i] = self->engine->paused_refs(ids[i]);
+  }
+  return Py_BuildValue("(NN)", active_ids, paused_ids);
+}
+
+PyObject* engine_describe_state(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  int32_t block_id;
+  if (!ready(self) || !parse_one_id(self, arg, &block_id)) return nullptr;
+  return PyUnicode_FromString(self->engine->describe_state(block_id));
+}
+
+// ------------------------------------------------------------------ collaborators, checks
+
+PyObject* engine_take_changes(PyObject* py_self, PyObject*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  std::vector<int32_t>& freed = self->engine->freed_blocks();
+  std::vector<int64_t>& removed = self->engine->removed_hashes();
+  PyObject* freed_ids = native_block_ids(freed.data(), freed.size());
+  PyObject* hashes = PyList_New(static_cast<Py_ssize_t>(removed.size()));
+  if (!freed_ids || !hashes) {
+    Py_XDECREF(freed_ids);
+    Py_XDECREF(hashes);
+    return nullptr;
+  }
+  for (size_t i = 0; i < removed.size(); ++i) {
+    PyObject* item = PyLong_FromLongLong(removed[i]);
+    if (!item) {
+      Py_DECREF(freed_ids);
+      Py_DECREF(hashes);
+      return nullptr;
+    }
+    PyList_SET_ITEM(hashes, static_cast<Py_ssize_t>(i), item);
+  }
+  freed.clear();
+  removed.clear();
+  return Py_BuildValue("(NN)", freed_ids, hashes);
+}
+
+PyObject* engine_reset(PyObject* py_self, PyObject*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  GUARD(self->engine->reset();)
+  Py_RETURN_NONE;
+}
+
+PyObject* engine_find_problems(PyObject* py_self, PyObject*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  std::vector<std::string> problems;
+  GUARD(problems = self->engine->find_problems();)
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(problems.size()));
+  if (!list) return nullptr;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    PyObject* text = PyUnicode_FromString(problems[i].c_str());
+    if (!text) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), text);
+  }
+  return list;
+}
+
+PyObject* engine_free_ids(PyObject* py_self, PyObject*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  return native_block_ids(self->engine->free_stack(),
+                          static_cast<size_t>(self->engine->num_free()));
+}
+
+PyObject* engine_counters(PyObject* py_self, PyObject*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  const Counters& c = self->engine->counters();
+  return Py_BuildValue("(LLLLLLL)", static_cast<long long>(c.num_allocated),
+                       static_cast<long long>(c.num_released),
+                       static_cast<long long>(c.num_queried), static_cast<long long>(c.num_hits),
+                       static_cast<long long>(c.num_evicted),
+                       static_cast<long long>(c.num_dropped), static_cast<long long>(c.clock));
+}
+
+PyObject* engine_memory_bytes(PyObject* py_self, PyObject*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  return PyLong_FromSize_t(self->engine->memory_bytes());
+}
+
+// ------------------------------------------------------------------ properties
+
+#define COUNTER_GETTER(name, expr)                          \
+  PyObject* get_##name(PyObject* py_self, void*) {          \
+    EngineObject* self = self_of(py_self);                  \
+    if (!ready(self)) return nullptr;                       \
+    return PyLong_FromLongLong(static_cast<long long>(expr)); \
+  }
+
+COUNTER_GETTER(num_free, self->engine->num_free())
+COUNTER_GETTER(num_active, self->engine->num_active())
+COUNTER_GETTER(num_paused, self->engine->num_paused())
+COUNTER_GETTER(num_cached, self->engine->num_cached())
+COUNTER_GETTER(num_registered, self->engine->num_registered())
+COUNTER_GETTER(clock, self->engine->clock())
+COUNTER_GETTER(num_usable, self->engine->num_usable())
+COUNTER_GETTER(paused_count, self->engine->paused_count())
+COUNTER_GETTER(active_count, self->engine->active_count())
+COUNTER_GETTER(group_depth, self->engine->group_depth())
+COUNTER_GETTER(block_size, self->block_size)
+
+PyObject* get_retains_unreferenced(PyObject* py_self, void*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  return PyBool_FromLong(self->engine->retains_unreferenced());
+}
+
+PyObject* get_root_hash(PyObject* py_self, void*) {
+  return PyLong_FromUnsignedLongLong(self_of(py_self)->root);
+}
+
+PyGetSetDef g_getset[] = {
+    {"num_free", get_num_free, nullptr, "Blocks on the free stack.", nullptr},
+    {"num_active", get_num_active, nullptr, "Blocks with an active reference.", nullptr},
+    {"num_paused", get_num_paused, nullptr, "Blocks with paused references only.", nullptr},
+    {"num_cached", get_num_cached, nullptr, "Unreferenced registered blocks.", nullptr},
+    {"num_registered", get_num_registered, nullptr, "Blocks carrying a hash.", nullptr},
+    {"clock", get_clock, nullptr, "The logical clock.", nullptr},
+    {"num_usable", get_num_usable, nullptr, "Usable blocks (the dummy block's ID).", nullptr},
+    {"paused_count", get_paused_count, nullptr, "Paused budget.", nullptr},
+    {"active_count", get_active_count, nullptr, "Active budget.", nullptr},
+    {"group_depth", get_group_depth, nullptr, "Open free groups.", nullptr},
+    {"block_size", get_block_size, nullptr, "Tokens per block (fused path).", nullptr},
+    {"root_hash", get_root_hash, nullptr, "Chain root of the fused path.", nullptr},
+    {"retains_unreferenced", get_retains_unreferenced, nullptr, "False in ref-zero mode.",
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+#define FAST(fn) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fn))
+
+PyMethodDef g_methods[] = {
+    {"allocate", engine_allocate, METH_O, "allocate(num_blocks) -> BlockIds | None"},
+    {"release", FAST(engine_release), METH_FASTCALL | METH_KEYWORDS,
+     "release(block_ids, paused=False)"},
+    {"release_request", engine_release_request, METH_O, "release_request(block_ids)"},
+    {"open_group", engine_open_group, METH_NOARGS, "open_group()"},
+    {"close_group", engine_close_group, METH_NOARGS, "close_group()"},
+    {"lookup", engine_lookup, METH_O, "lookup(block_hashes) -> BlockIds"},
+    {"take_hit", FAST(engine_take_hit), METH_FASTCALL | METH_KEYWORDS,
+     "take_hit(block_ids, num_queried, acquire)"},
+    {"acquire", engine_acquire, METH_O, "acquire(block_ids)"},
+    {"register", FAST(engine_register), METH_FASTCALL | METH_KEYWORDS,
+     "register(block_ids, block_hashes, parent_hash=None) -> (holds, new) as bytes of 0/1"},
+    {"block_of", engine_block_of, METH_O, "block_of(block_hash) -> int | None"},
+    {"hash_of", engine_hash_of, METH_O, "hash_of(block_id) -> int | None"},
+    {"registered_chains", engine_registered_chains, METH_NOARGS,
+     "registered_chains() -> [(hash, parent hash or None)], parents first"},
+    {"admit_request", FAST(engine_admit_request), METH_FASTCALL | METH_KEYWORDS,
+     "admit_request(tokens, out_row) -> number of blocks served from cache"},
+    {"hash_tokens", engine_hash_tokens, METH_O, "hash_tokens(tokens) -> list of block hashes"},
+    {"move", FAST(engine_move), METH_FASTCALL | METH_KEYWORDS, "move(block_ids, to_paused)"},
+    {"touch", engine_touch, METH_O, "touch(block_ids)"},
+    {"evict", engine_evict, METH_O, "evict(num_blocks) -> number freed"},
+    {"advance_clock", engine_advance_clock, METH_O, "advance_clock(ticks) -> clock"},
+    {"reference_counts", engine_reference_counts, METH_O,
+     "reference_counts(block_ids) -> (active, paused)"},
+    {"describe_state", engine_describe_state, METH_O, "describe_state(block_id) -> str"},
+    {"take_changes", engine_take_changes, METH_NOARGS,
+     "take_changes() -> (freed BlockIds, removed hashes)"},
+    {"reset", engine_reset, METH_NOARGS, "reset()"},
+    {"find_problems", engine_find_problems, METH_NOARGS, "find_problems() -> [str]"},
+    {"free_ids", engine_free_ids, METH_NOARGS, "free_ids() -> BlockIds, bottom first"},
+    {"counters", engine_counters, METH_NOARGS,
+     "counters() -> (allocated, released, queried, hits, evicted, dropped, clock)"},
+    {"memory_bytes", engine_memory_bytes, METH_NOARGS, "memory_bytes() -> host bytes held"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyTypeObject g_engine_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+}  // namespace
+
+bool add_engine_type(PyObject* module) {
+  g_engine_type.tp_name = "prefixcache.engine._native.Engine";
+  g_engine_type.tp_basicsize = sizeof(EngineObject);
+  g_engine_type.tp_flags = Py_TPFLAGS_DEFAULT;
+  g_engine_type.tp_doc =
+      "Engine(total_count, paused_count, policy, track_changes, block_size=16, root_hash=None)";
+  g_engine_type.tp_new = PyType_GenericNew;
+  g_engine_type.tp_init = engine_init;
+  g_engine_type.tp_dealloc = engine_dealloc;
+  g_engine_type.tp_methods = g_methods;
+  g_engine_type.tp_getset = g_getset;
+  if (PyType_Ready(&g_engine_type) < 0) return false;
+  Py_INCREF(&g_engine_type);
+  if (PyModule_AddObject(module, "Engine", reinterpret_cast<PyObject*>(&g_engine_type)) < 0) {
+    Py_DECREF(&g_engine_type);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace prefixcache

@@ -1,0 +1,342 @@
+"""The native engine against the Python reference, step by step (DESIGN.md, "The native engine").
+
+A hypothesis state machine drives a ``KVBlockAllocator(engine="python")``
+and a ``KVBlockAllocator(engine="native")`` with the same operations
+(allocate, release with duplicates and paused, free groups, match with and
+without acquire, acquire, register with conflicts and partial holders,
+pause/resume with budget errors, touch, evict, reset, advance_clock, the
+request path) and compares every observable after each step: the IDs
+returned, the exception types, the free stack in order, reference counts,
+registry lookups and chains, KV events and stats. One machine per native
+policy, with KV events on (the engines' change logs) and off (the fused
+request path).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from prefixcache import KVBlockAllocator, PrefixCacheError
+from prefixcache.engine.native_engine import native_available
+
+pytestmark = pytest.mark.skipif(
+    not native_available(), reason="the native engine (prefixcache.engine._native) is not built"
+)
+
+TOTAL_COUNT = 14
+PAUSED_COUNT = 3
+BLOCK_SIZE = 2
+NUM_USABLE = TOTAL_COUNT - 1
+
+# Small hash and token alphabets make conflicts, shared prefixes and partial holders common.
+hashes_st = st.lists(st.integers(1, 12), min_size=0, max_size=5)
+tokens_st = st.lists(st.integers(0, 1), min_size=0, max_size=9)
+ids_st = st.lists(st.integers(0, NUM_USABLE - 1), min_size=0, max_size=6)
+
+settings.register_profile(
+    "native-ci",
+    max_examples=20,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "native-long",
+    max_examples=2000,
+    stateful_step_count=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+PROFILE = settings.get_profile(os.environ.get("PREFIXCACHE_NATIVE_PROFILE", "native-ci"))
+
+
+def _outcome(call: Any) -> tuple[str, Any]:
+    """What a call did: ("ok", plain result) or ("raised", exception type)."""
+    try:
+        result = call()
+    except PrefixCacheError as error:
+        return ("raised", type(error))
+    if isinstance(result, torch.Tensor):
+        return ("ok", result.tolist())
+    if isinstance(result, np.ndarray):
+        return ("ok", result.tolist())
+    return ("ok", result)
+
+
+class DifferentialMachine(RuleBasedStateMachine):
+    """Same operations on both engines; every observable compared after each step."""
+
+    policy = "lru"
+    events = True
+
+    @initialize()
+    def build(self) -> None:
+        config = {
+            "total_count": TOTAL_COUNT,
+            "paused_count": PAUSED_COUNT,
+            "block_size_tokens": BLOCK_SIZE,
+            "eviction_policy": self.policy,
+            "device": "cpu",
+            "kv_events_capacity": 10_000 if self.events else 0,
+        }
+        self.python = KVBlockAllocator(engine="python", **config)
+        self.native = KVBlockAllocator(engine="native", **config)
+        assert self.python.engine == "python" and self.native.engine == "native"
+        self.held: list[int] = []  # IDs with an active reference we took (a multiset)
+        self.paused: list[int] = []  # IDs with a paused reference we moved
+        self.requests: list[list[int]] = []  # the IDs of each admitted or served request
+
+    def both(self, call: Any) -> tuple[str, Any]:
+        """Run ``call(allocator)`` on both and require the same outcome."""
+        expected = _outcome(lambda: call(self.python))
+        actual = _outcome(lambda: call(self.native))
+        assert actual == expected, f"python {expected} != native {actual}"
+        return expected
+
+    # ------------------------------------------------------------------ allocation
+
+    @rule(count=st.integers(0, TOTAL_COUNT + 1))
+    def allocate(self, count: int) -> None:
+        kind, ids = self.both(lambda a: a.allocate_memory_blocks(count))
+        if kind == "ok" and ids is not None:
+            self.held.extend(ids)
+            self.requests.append(ids)
+
+    @rule(tokens=tokens_st, keep=st.booleans())
+    def serve(self, tokens: list[int], keep: bool) -> None:
+        """A request the way an engine composes it: hash, match and pin, allocate, register."""
+
+        def run(allocator: KVBlockAllocator) -> list[int] | None:
+            hashes = allocator.hash_tokens(tokens)
+            limit = (len(tokens) - 1) // BLOCK_SIZE if tokens else 0
+            hit = allocator.match_prefix(hashes[:limit], acquire=True).tolist()
+            new = allocator.allocate_memory_blocks(-(-len(tokens) // BLOCK_SIZE) - len(hit))
+            if new is None:
+                allocator.release_memory_blocks(hit)
+                return None
+            new_ids = new.tolist()
+            if len(hashes) > len(hit):
+                allocator.register_kv_block_hashes(
+                    new_ids[: len(hashes) - len(hit)],
+                    hashes[len(hit) :],
+                    parent_hash=hashes[len(hit) - 1] if hit else None,
+                )
+            if not keep:
+                allocator.release_memory_blocks(hit + new_ids)
+            return hit + new_ids
+
+        kind, ids = self.both(run)
+        if kind == "ok" and ids is not None and keep:
+            self.held.extend(ids)
+            self.requests.append(ids)
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def finish_request(self, data: st.DataObject) -> None:
+        ids = self.requests.pop(data.draw(st.integers(0, len(self.requests) - 1)))
+        kind, _ = self.both(lambda a: a.release_memory_blocks(ids))
+        if kind == "ok":
+            self._forget(self.held, ids)
+
+    @rule(data=st.data(), extra=ids_st)
+    def release(self, data: st.DataObject, extra: list[int]) -> None:
+        ids = self._some_held(data) + (extra if data.draw(st.booleans()) else [])
+        kind, _ = self.both(lambda a: a.release_memory_blocks(np.array(ids, dtype=np.int64)))
+        if kind == "ok":
+            self._forget(self.held, ids)
+
+    @rule(data=st.data())
+    def release_paused(self, data: st.DataObject) -> None:
+        ids = data.draw(st.lists(st.sampled_from(self.paused or [0]), max_size=4))
+        kind, _ = self.both(lambda a: a.release_memory_blocks(ids, paused=True))
+        if kind == "ok":
+            self._forget(self.paused, ids)
+
+    @rule(data=st.data())
+    def free_group(self, data: st.DataObject) -> None:
+        batches = [self._some_held(data) for _ in range(data.draw(st.integers(1, 3)))]
+
+        def run(allocator: KVBlockAllocator) -> list[tuple[str, Any]]:
+            outcomes = []
+            with allocator.free_group():
+                for batch in batches:
+                    outcomes.append(_outcome(lambda b=batch: allocator.release_memory_blocks(b)))
+            return outcomes
+
+        _, outcomes = self.both(run)
+        for batch, (kind, _) in zip(batches, outcomes, strict=True):
+            if kind == "ok":
+                self._forget(self.held, batch)
+
+    # ------------------------------------------------------------------ prefix reuse
+
+    @rule(hashes=hashes_st, acquire=st.booleans())
+    def match(self, hashes: list[int], acquire: bool) -> None:
+        kind, ids = self.both(lambda a: a.match_prefix(hashes, acquire=acquire))
+        if kind == "ok" and acquire:
+            self.held.extend(ids)
+
+    @rule(data=st.data(), extra=ids_st)
+    def acquire(self, data: st.DataObject, extra: list[int]) -> None:
+        ids = extra[:2] + self._some_held(data)
+        kind, _ = self.both(lambda a: a.acquire_blocks(ids))
+        if kind == "ok":
+            self.held.extend(ids)
+
+    @rule(data=st.data(), hashes=hashes_st, parent=st.one_of(st.none(), st.integers(1, 12)))
+    def register(self, data: st.DataObject, hashes: list[int], parent: int | None) -> None:
+        pool = sorted(set(self.held + self.paused)) or [0, 1]
+        distinct = data.draw(st.booleans()) and len(pool) >= len(hashes)
+        ids = data.draw(
+            st.lists(
+                st.sampled_from(pool), min_size=len(hashes), max_size=len(hashes), unique=distinct
+            )
+        )
+        self.both(lambda a: a.register_kv_block_hashes(ids, hashes, parent_hash=parent))
+
+    @rule(tokens=tokens_st)
+    def hash_tokens(self, tokens: list[int]) -> None:
+        self.both(lambda a: a.hash_tokens(tokens))
+
+    @rule(tokens=tokens_st, as_tensor=st.booleans())
+    def admit(self, tokens: list[int], as_tensor: bool) -> None:
+        rows = []
+
+        def run(allocator: KVBlockAllocator) -> tuple[int, list[int]]:
+            row = np.full(8, -7, dtype=np.int32)
+            rows.append(row)
+            array = np.array(tokens, dtype=np.int32)
+            hit = allocator.admit_request(torch.from_numpy(array) if as_tensor else array, row)
+            return hit, row.tolist()
+
+        kind, result = self.both(run)
+        if kind == "ok":
+            num_blocks = -(-len(tokens) // BLOCK_SIZE)
+            self.held.extend(result[1][:num_blocks])
+            self.requests.append(result[1][:num_blocks])
+        else:  # a refused request leaves the row as it was
+            assert all((row == -7).all() for row in rows)
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def release_request(self, data: st.DataObject) -> None:
+        ids = self.requests.pop(data.draw(st.integers(0, len(self.requests) - 1)))
+        kind, _ = self.both(lambda a: a.release_request(np.array(ids, dtype=np.int32)))
+        if kind == "ok":
+            self._forget(self.held, ids)
+
+    # ------------------------------------------------------------------ partitions and time
+
+    @rule(data=st.data(), extra=ids_st)
+    def pause(self, data: st.DataObject, extra: list[int]) -> None:
+        ids = self._some_held(data) + extra[:1]
+        kind, _ = self.both(lambda a: a.pause(ids))
+        if kind == "ok":
+            self._forget(self.held, ids)
+            self.paused.extend(ids)
+
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        ids = data.draw(st.lists(st.sampled_from(self.paused or [0]), max_size=4))
+        kind, _ = self.both(lambda a: a.resume(ids))
+        if kind == "ok":
+            self._forget(self.paused, ids)
+            self.held.extend(ids)
+
+    @rule(ids=ids_st)
+    def touch(self, ids: list[int]) -> None:
+        self.both(lambda a: a.update_timestamps(ids))
+
+    @rule(count=st.integers(0, TOTAL_COUNT))
+    def evict(self, count: int) -> None:
+        self.both(lambda a: a.evict_cached_blocks(count))
+
+    @rule(count=st.integers(0, 4))
+    def evict_all_or_none(self, count: int) -> None:
+        self.both(lambda a: a.evict_lru_blocks(count))
+
+    @rule(ticks=st.integers(0, 3))
+    def advance_clock(self, ticks: int) -> None:
+        self.both(lambda a: a.advance_clock(ticks))
+
+    @precondition(lambda self: len(self.held) > 6)
+    @rule()
+    def reset(self) -> None:
+        self.both(lambda a: a.reset())
+        self.held.clear()
+        self.paused.clear()
+        self.requests.clear()
+
+    # ------------------------------------------------------------------ observables
+
+    @invariant()
+    def same_observables(self) -> None:
+        python, native = self.python, self.native
+        assert native.stats() == python.stats()
+        assert str(native) == str(python)
+        assert native._engine.free_ids().tolist() == python.pool.free_ids().tolist()
+        everything = np.arange(NUM_USABLE)
+        for mine, theirs in zip(
+            native.reference_counts(everything), python.reference_counts(everything), strict=True
+        ):
+            assert mine.tolist() == theirs.tolist()
+        for block_id in range(NUM_USABLE):
+            assert native._engine.hash_of(block_id) == python._engine.hash_of(block_id)
+            assert native._engine.describe_state(block_id) == python._engine.describe_state(
+                block_id
+            )
+        for block_hash in range(1, 13):
+            assert native.is_hash_registered(block_hash) == python.is_hash_registered(block_hash)
+        assert native._engine.registered_chains() == python._engine.registered_chains()
+        if self.events:
+            assert native.take_events() == python.take_events()
+        assert native._engine.find_problems() == []
+        python.check_invariants()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _some_held(self, data: st.DataObject) -> list[int]:
+        """A few held IDs, duplicates allowed (a batch of requests sharing a prefix)."""
+        if not self.held:
+            return []
+        return data.draw(st.lists(st.sampled_from(self.held), max_size=4))
+
+    @staticmethod
+    def _forget(pool: list[int], ids: list[int]) -> None:
+        for block_id in ids:
+            if block_id in pool:
+                pool.remove(block_id)
+
+
+def _machine(policy: str, events: bool) -> type[DifferentialMachine]:
+    return type(
+        f"Differential_{policy}_{'events' if events else 'fused'}",
+        (DifferentialMachine,),
+        {"policy": policy, "events": events},
+    )
+
+
+@pytest.mark.parametrize("events", [True, False], ids=["events", "fused"])
+@pytest.mark.parametrize("policy", ["lru", "fifo", "ref_zero"])
+def test_native_engine_matches_the_python_engine(policy: str, events: bool) -> None:
+    machine = _machine(policy, events)
+    machine.TestCase.settings = PROFILE
+    machine.TestCase().runTest()
+
+
+def test_fused_path_is_bound_only_without_collaborators() -> None:
+    """The fused calls are the extension's when nothing above the engine must see them."""
+    fused = KVBlockAllocator(total_count=8, device="cpu", engine="native")
+    assert type(fused.admit_request).__name__ == "builtin_function_or_method"
+    with_events = KVBlockAllocator(
+        total_count=8, device="cpu", engine="native", kv_events_capacity=10
+    )
+    assert type(with_events.admit_request).__name__ == "method"
