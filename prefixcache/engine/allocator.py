@@ -24,6 +24,7 @@ from prefixcache.engine.pool import BlockPool
 from prefixcache.engine.prefix_hashing import PrefixHashingMethods, to_hash_list
 from prefixcache.engine.registration import new_runs
 from prefixcache.engine.registry import HashRegistry
+from prefixcache.engine.request_path import RequestPathMethods
 from prefixcache.engine.routing import RoutingStore
 from prefixcache.engine.selection import build_engine
 from prefixcache.engine.stats import AllocatorStats
@@ -52,7 +53,9 @@ def _check_count(num_blocks: object) -> int:
     return int(num_blocks)
 
 
-class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods):
+class KVBlockAllocator(
+    PrefixHashingMethods, KVEventMethods, MoERoutingMethods, RequestPathMethods
+):
     """Hands out KV-cache block IDs, counts references, and shares cached prefixes.
 
     Every usable block is in exactly one state: free (on the pool's stack),
@@ -70,6 +73,7 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods):
 
     - Allocation: :meth:`allocate_memory_blocks`, :meth:`release_memory_blocks`,
       :meth:`is_memory_available`, :meth:`free_group`.
+    - One call per request: :meth:`admit_request`, :meth:`release_request`.
     - Prefix reuse: :meth:`hash_tokens`, :meth:`match_prefix`,
       :meth:`acquire_blocks`, :meth:`register_kv_block_hashes`.
     - Partitions: :meth:`pause`, :meth:`resume`, :meth:`get_total_used`,
@@ -131,6 +135,7 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods):
         # Second fingerprint of each registered block (verify mode), by block ID.
         self._fingerprint_of_block: list[int] = [0] * config.total_count
         self._num_rejected = 0
+        self._bind_request_path()
 
     @property
     def engine(self) -> str:
