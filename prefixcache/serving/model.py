@@ -21,8 +21,9 @@ Two forwards compute the same function:
   :class:`~prefixcache.serving.block_table.BlockTable`: it writes the step's
   K/V with :meth:`KVCache.write`, then gathers each request's blocks and attends
   over them with a mask (gather-based paged attention). The step's layout is
-  host metadata (:class:`PagedBatch`), so the forward never reads a device
-  value back: the same code runs on CUDA without a host sync.
+  host metadata (:class:`~prefixcache.serving.model_serving.PagedBatch`), so
+  the forward never reads a device value back: the same code runs on CUDA
+  without a host sync.
 
 The two agree to rounding (different reduction shapes); in float64 the greedy
 tokens and the routed experts are identical. See DESIGN.md, "Serving a model".
@@ -44,6 +45,7 @@ import torch
 from prefixcache.engine.pool import resolve_device
 from prefixcache.errors import ConfigError, InvalidArgumentError
 from prefixcache.serving.kv_cache import KVCache
+from prefixcache.serving.model_serving import PagedBatch, PrefillChunk
 
 
 @dataclass(frozen=True)
@@ -127,54 +129,6 @@ class DenseOutput:
     routing: torch.Tensor
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
-
-
-@dataclass(frozen=True)
-class PrefillChunk:
-    """One request's prefill chunk inside a :class:`PagedBatch`.
-
-    Attributes:
-        start, stop: its tokens are rows ``[start, stop)`` of the batch.
-        block_ids: ``[num_blocks]`` integer tensor on the model's device: the
-            request's blocks covering positions ``0 .. last position`` (a
-            block-table row prefix).
-    """
-
-    start: int
-    stop: int
-    block_ids: torch.Tensor
-
-
-@dataclass(frozen=True)
-class PagedBatch:
-    """The layout of one serving step: decode tokens first, then prefill chunks.
-
-    Every tensor lives on the model's device; the ints are host metadata from
-    the scheduler, so nothing here is read back from the device.
-
-    Attributes:
-        token_ids: ``[T]`` int64 tokens to compute.
-        positions: ``[T]`` int64 position of each token in its request.
-        write_block_ids, write_offsets: ``[T]`` int64 block and in-block offset
-            where each token's K/V goes.
-        num_decode: the first ``num_decode`` rows are decode tokens, one per request.
-        decode_block_ids: ``[num_decode, max_blocks]`` integer block-table rows of
-            the decoding requests (padding points at the dummy block).
-        decode_context_lengths: ``[num_decode]`` int64 tokens each decoding
-            request attends over (its position + 1).
-        prefills: the prefill chunks, in row order after the decode rows.
-        logit_rows: ``[R]`` int64 rows whose next-token logits are wanted.
-    """
-
-    token_ids: torch.Tensor
-    positions: torch.Tensor
-    write_block_ids: torch.Tensor
-    write_offsets: torch.Tensor
-    num_decode: int
-    decode_block_ids: torch.Tensor | None
-    decode_context_lengths: torch.Tensor | None
-    prefills: tuple[PrefillChunk, ...]
-    logit_rows: torch.Tensor
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """What the serving loop needs around :class:`~prefixcache.serving.model.TinyDecoder`.
 
-- :func:`build_paged_batch` turns a step's work (which tokens of which request
-  slot to compute) into the :class:`~prefixcache.serving.model.PagedBatch` the
-  paged forward reads: block IDs and offsets from the
+- :class:`PagedBatch` is the layout of one step that the paged forward reads;
+  :func:`build_paged_batch` builds it from a step's work (which tokens of which
+  request slot to compute): block IDs and offsets from the
   :class:`~prefixcache.serving.block_table.BlockTable`'s host copy for the
   writes, the table's device rows for the reads.
 - :class:`RequestOutput` is what a served request produced.
@@ -18,13 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.serving.block_table import BlockTable
-from prefixcache.serving.model import PagedBatch, PrefillChunk, TinyDecoder
+
+if TYPE_CHECKING:  # the model imports the batch layout from here
+    from prefixcache.serving.model import TinyDecoder
 
 _TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.05}
 
@@ -40,6 +43,54 @@ def logits_tolerance(dtype: torch.dtype) -> float:
     Complexity: O(1).
     """
     return _TOLERANCES.get(dtype, 0.05)
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """One request's prefill chunk inside a :class:`PagedBatch`.
+
+    Attributes:
+        start, stop: its tokens are rows ``[start, stop)`` of the batch.
+        block_ids: ``[num_blocks]`` integer tensor on the model's device: the
+            request's blocks covering positions ``0 .. last position`` (a
+            block-table row prefix).
+    """
+
+    start: int
+    stop: int
+    block_ids: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """The layout of one serving step: decode tokens first, then prefill chunks.
+
+    Every tensor lives on the model's device; the ints are host metadata from
+    the scheduler, so nothing here is read back from the device.
+
+    Attributes:
+        token_ids: ``[T]`` int64 tokens to compute.
+        positions: ``[T]`` int64 position of each token in its request.
+        write_block_ids, write_offsets: ``[T]`` int64 block and in-block offset
+            where each token's K/V goes.
+        num_decode: the first ``num_decode`` rows are decode tokens, one per request.
+        decode_block_ids: ``[num_decode, max_blocks]`` integer block-table rows of
+            the decoding requests (padding points at the dummy block).
+        decode_context_lengths: ``[num_decode]`` int64 tokens each decoding
+            request attends over (its position + 1).
+        prefills: the prefill chunks, in row order after the decode rows.
+        logit_rows: ``[R]`` int64 rows whose next-token logits are wanted.
+    """
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    write_block_ids: torch.Tensor
+    write_offsets: torch.Tensor
+    num_decode: int
+    decode_block_ids: torch.Tensor | None
+    decode_context_lengths: torch.Tensor | None
+    prefills: tuple[PrefillChunk, ...]
+    logit_rows: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
