@@ -251,3 +251,49 @@ CheckpointMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_checkpoint_machine = CheckpointMachine.TestCase
+
+
+def corrupt_maps(checkpoints: StateCheckpoints) -> None:
+    block_hash, slot = next(iter(checkpoints._slot_of.items()))
+    checkpoints._slot_of[block_hash] = slot + 100
+
+
+def corrupt_reverse_map(checkpoints: StateCheckpoints) -> None:
+    checkpoints._hash_of[checkpoints._free_slots[0]] = 999
+
+
+def corrupt_free_slots(checkpoints: StateCheckpoints) -> None:
+    checkpoints._free_slots.append(checkpoints._free_slots[0])
+
+
+def free_a_reserved_slot(checkpoints: StateCheckpoints) -> None:
+    checkpoints.pool.free(checkpoints._free_slots[0])
+
+
+@pytest.mark.parametrize(
+    "corrupt", [corrupt_maps, corrupt_reverse_map, corrupt_free_slots, free_a_reserved_slot]
+)
+def test_check_invariants_names_each_kind_of_corruption(corrupt) -> None:
+    checkpoints, (a, _) = make(capacity=3)
+    checkpoints.save(1, a)
+    corrupt(checkpoints)
+    with pytest.raises(InvariantError):
+        checkpoints.check_invariants()
+
+
+def test_a_policy_that_returns_no_victim_is_an_invariant_error(monkeypatch) -> None:
+    checkpoints, (a, _) = make(capacity=1)
+    checkpoints.save(1, a)
+    monkeypatch.setattr(checkpoints._policy, "evict", lambda num_blocks: [])
+    with pytest.raises(InvariantError):
+        checkpoints.save(2, a)
+
+
+def test_the_pool_must_be_a_state_pool() -> None:
+    with pytest.raises(ConfigError):
+        StateCheckpoints(object(), 1)  # type: ignore[arg-type]
+
+
+def test_repr_names_capacity_and_policy() -> None:
+    checkpoints, _ = make(capacity=2)
+    assert "capacity=2" in repr(checkpoints) and "LRU" in repr(checkpoints)

@@ -258,3 +258,27 @@ CowMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_cow_machine = CowMachine.TestCase
+
+
+def _tracked_pair() -> PartialBlockTable:
+    allocator, table = make()
+    tail = int(allocator.allocate_memory_blocks(1)[0])
+    table.track("a", tail, 2)
+    table.share("a", "b")
+    return table
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda t: t._holders[t._tail_of["a"]].add("ghost"),  # a holder that does not point back
+        lambda t: t._fill.__setitem__(t._tail_of["a"], B),  # a full block still tracked
+        lambda t: t._tail_of.__setitem__("ghost", t._tail_of["a"]),  # not listed as a holder
+        lambda t: t._fill.__setitem__(99, 1),  # a fill without holders
+    ],
+)
+def test_check_invariants_names_each_kind_of_corruption(corrupt) -> None:
+    table = _tracked_pair()
+    corrupt(table)
+    with pytest.raises(InvariantError):
+        table.check_invariants()

@@ -12,11 +12,12 @@ import random
 import runpy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from prefixcache.engine.hashing import compute_block_hashes
-from prefixcache.errors import ConfigError, InvalidArgumentError
+from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.serving.hybrid import HybridMemory, HybridRequest, build_hybrid_memory
 from prefixcache.serving.layer_groups import LayerGroups, LayerGroupSpec
 from prefixcache.serving.state_pool import StateShape
@@ -253,3 +254,54 @@ def test_the_example_reuses_the_shared_prompt_and_matches_the_uncached_run(capsy
     assert len(served) == 3
     assert all(line.endswith("outputs equal to the uncached run: True") for line in served)
     assert "reused 0 " in served[0] and all("reused 16 " in line for line in served[1:])
+
+
+def test_a_state_pool_without_checkpoints_never_hits() -> None:
+    full = make()
+    memory = HybridMemory(full.groups, full.state_pool, None)
+    model = ToyHybridModel(memory)
+    first, _ = serve(memory, model, list(range(1, 18)))
+    memory.finish(first)
+    assert memory.match_prefix(compute_block_hashes(list(range(1, 18)), B)).num_blocks == 0
+
+
+def test_admit_returns_none_when_the_state_pool_is_full() -> None:
+    memory = make(max_requests=2)
+    while memory.state_pool.num_free:
+        memory.state_pool.allocate()
+    assert memory.admit([], 3) is None
+
+
+def test_hashes_may_come_as_a_tensor_or_an_array() -> None:
+    memory = make()
+    hashes = compute_block_hashes(list(range(8)), B)
+    model = ToyHybridModel(memory)
+    first, _ = serve(memory, model, list(range(9)))
+    memory.finish(first)
+    for given in (torch.tensor(hashes, dtype=torch.int64), np.array(hashes, dtype=np.int64)):
+        match = memory.match_prefix(given)
+        assert match.num_blocks == 2 and match.checkpoint_slot is not None
+
+
+def test_check_invariants_sees_a_request_that_lost_its_state_slot() -> None:
+    memory = make()
+    request = memory.admit([], 3)
+    memory.state_pool.free(request.state_slot)
+    with pytest.raises(InvariantError):
+        memory.check_invariants()
+
+
+def test_the_toy_model_refuses_a_stop_outside_the_sequence() -> None:
+    memory = make()
+    request = memory.admit([], 3)
+    with pytest.raises(InvalidArgumentError):
+        ToyHybridModel(memory).forward_cached(request, [1, 2, 3], 4)
+
+
+def test_grouped_query_attention_groups_continue_exactly() -> None:
+    groups = [LayerGroupSpec("gqa", "full", 1, k_heads=2, k_head_dim=4, v_heads=1, v_head_dim=4)]
+    memory = make(groups=groups)
+    model = ToyHybridModel(memory)
+    tokens = list(range(1, 14))
+    _, outputs = serve(memory, model, tokens)
+    assert_matches_reference(model, tokens, 0, outputs)

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from prefixcache.engine.hashing import compute_block_hashes
-from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError, PrefixCacheError
+from prefixcache.errors import (
+    CapacityError,
+    ConfigError,
+    InvalidArgumentError,
+    InvariantError,
+    PrefixCacheError,
+)
 from prefixcache.serving.layer_groups import LayerGroups, LayerGroupSpec, first_needed_block
 
 B = 4  # tokens per block
@@ -248,3 +254,29 @@ def test_admitting_with_no_free_row_is_a_capacity_error() -> None:
 def test_bad_configuration_is_a_config_error(build) -> None:
     with pytest.raises(ConfigError):
         build()
+
+
+def test_admitting_a_hit_longer_than_its_hashes_or_a_row_is_refused() -> None:
+    groups = make()
+    tokens = list(range(16))
+    run(groups, tokens)
+    hit = groups.longest_hit(hashes(tokens))
+    with pytest.raises(InvalidArgumentError):
+        groups.admit(hit, hashes(tokens)[:2])
+    short_rows = make(max_blocks_per_request=2)
+    run(short_rows, tokens[:8])
+    with pytest.raises(CapacityError):
+        short_rows.admit(groups.longest_hit(hashes(tokens)), hashes(tokens))
+
+
+@pytest.mark.parametrize("corrupt", ["dummy", "unreferenced"])
+def test_check_invariants_sees_a_row_holding_what_it_does_not_own(corrupt) -> None:
+    groups = make((FULL,))
+    slot = run(groups, list(range(8)), finish=False)
+    table = groups.tables["full"]
+    if corrupt == "dummy":
+        table._rows[slot, 0] = table.dummy_block_id
+    else:
+        groups.allocators["full"].release_memory_blocks(table.blocks_of(slot)[:1])
+    with pytest.raises(InvariantError):
+        groups.check_invariants()

@@ -275,3 +275,23 @@ StatePoolMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_state_pool_machine = StatePoolMachine.TestCase
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda pool: pool._free.append(pool._free[-1]),  # a slot free twice
+        lambda pool: pool._free.append(0),  # the dummy on the free stack
+        lambda pool: pool._held.__setitem__(0, True),  # the dummy held
+    ],
+)
+def test_check_invariants_names_each_kind_of_corruption(corrupt) -> None:
+    pool = make_pool()
+    pool.allocate()
+    corrupt(pool)
+    with pytest.raises(InvariantError):
+        pool.check_invariants()
+
+
+def test_repr_names_the_sizes() -> None:
+    assert "num_slots=4, held=0" in repr(make_pool())
