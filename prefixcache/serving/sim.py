@@ -48,6 +48,7 @@ from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.config import AllocatorConfig, PolicySpec
 from prefixcache.engine.hashing import compute_block_hashes
 from prefixcache.engine.pool import resolve_device
+from prefixcache.engine.validation import require_flag, require_int
 from prefixcache.errors import (
     BudgetExceededError,
     CapacityError,
@@ -79,12 +80,6 @@ def _synthetic_token(seed: int, index: int) -> int:
     The top 15 bits of a multiplicative hash: cheap, and every bit of the seed counts.
     """
     return (((seed ^ index) * _MIX) & _MASK64) >> 49
-
-
-def _require_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _same_device(first: torch.device, second: torch.device) -> bool:
@@ -143,9 +138,8 @@ class SimRequest:
                     f"{len(self.prompt_tokens)} prompt tokens"
                 )
             object.__setattr__(self, "input_length", len(self.prompt_tokens))
-        _require_int("input_length", self.input_length, 1)
-        _require_int("output_length", self.output_length, 0)
-        _require_int("arrival_step", self.arrival_step, 0)
+        for name, minimum in (("input_length", 1), ("output_length", 0), ("arrival_step", 0)):
+            object.__setattr__(self, name, require_int(getattr(self, name), name, minimum=minimum))
 
     @classmethod
     def from_tokens(
@@ -243,12 +237,11 @@ class SimConfig:
             "max_blocks_per_request",
             "step_token_budget",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+            value = require_int(getattr(self, name), name, minimum=1, error=ConfigError)
+            object.__setattr__(self, name, value)
         for name in ("verify", "enable_prefix_caching", "record_logits"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            flag = require_flag(getattr(self, name), name, error=ConfigError)
+            object.__setattr__(self, name, flag)
 
 
 # ---------------------------------------------------------------------- reports
@@ -898,7 +891,7 @@ class DynamicBatchingSim:
         cache = self.kv_cache
         if cache is None:
             raise ConfigError("the loop has no KV cache to corrupt")
-        block_id = _require_int("block_id", block_id, 0)
+        block_id = require_int(block_id, "block_id", minimum=0)
         if block_id >= self.allocator.dummy_block_id:
             raise InvalidArgumentError(
                 f"block_id {block_id} is not below the dummy block {self.allocator.dummy_block_id}"
