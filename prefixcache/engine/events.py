@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 
 _MASK_63 = (1 << 63) - 1
+_MASK_64 = (1 << 64) - 1
 
 MEDIUM_GPU = "GPU"
 
@@ -31,12 +32,22 @@ def wire_hash(block_hash: int) -> int:
 
     The default ``xxh3_64`` hashes already do and pass unchanged; wider
     ``xxh3_128``/``sha256`` hashes are folded by xor of their 64-bit words.
+    A negative hash (from a custom ``hash_algo`` or another engine) is taken
+    as two's complement over as many 64-bit words as it needs, then folded
+    the same way, so every int maps in O(its words) steps.
+
+    >>> wire_hash(12345), wire_hash(-5) == (1 << 63) - 5
+    (12345, True)
+
+    Complexity: O(bits of ``block_hash`` / 64).
     """
     if 0 <= block_hash <= _MASK_63:
         return block_hash
+    if block_hash < 0:  # ">> 64" of a negative int never reaches 0: make it non-negative
+        block_hash &= (1 << (64 * (block_hash.bit_length() // 64 + 1))) - 1
     folded = 0
     while block_hash:
-        folded ^= block_hash & 0xFFFFFFFFFFFFFFFF
+        folded ^= block_hash & _MASK_64
         block_hash >>= 64
     return (folded & _MASK_63) or 1
 
