@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from prefixcache.engine.pool import resolve_device
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError
 from prefixcache.serving.kv_cache import KVCache
 from prefixcache.serving.model_serving import PagedBatch, PrefillChunk
@@ -98,9 +99,10 @@ class TinyDecoderConfig:
             "top_k",
             "expert_hidden",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+            value = require_int(getattr(self, name), name, minimum=1, error=ConfigError)
+            object.__setattr__(self, name, value)
+        seed = require_int(self.seed, "seed", minimum=0, error=ConfigError)
+        object.__setattr__(self, "seed", seed)
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_kv_heads {self.num_kv_heads} must divide num_heads {self.num_heads}"
@@ -109,9 +111,11 @@ class TinyDecoderConfig:
             raise ConfigError(f"head_dim must be even (rotary pairs), got {self.head_dim}")
         if self.top_k > self.num_experts:
             raise ConfigError(f"top_k {self.top_k} exceeds num_experts {self.num_experts}")
-        if not 0 <= self.moe_layer < self.num_layers:
-            raise ConfigError(f"moe_layer {self.moe_layer} is outside [0, {self.num_layers})")
-        if not self.rope_theta > 1:
+        layer = require_int(
+            self.moe_layer, "moe_layer", minimum=0, maximum=self.num_layers - 1, error=ConfigError
+        )
+        object.__setattr__(self, "moe_layer", layer)
+        if not isinstance(self.rope_theta, (int, float)) or not self.rope_theta > 1:
             raise ConfigError(f"rope_theta must be > 1, got {self.rope_theta!r}")
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.serving.block_table import BlockTable
 
@@ -260,8 +261,7 @@ def reference_output(model: TinyDecoder, prompt: Sequence[int], num_tokens: int)
 
     Complexity: O(num_tokens) dense forwards of up to ``len(prompt) + num_tokens`` tokens.
     """
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-        raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+    num_tokens = require_int(num_tokens, "num_tokens", minimum=0)
     sequence = torch.tensor(list(prompt), dtype=torch.int64, device=model.device)
     rows = []
     for _ in range(num_tokens):

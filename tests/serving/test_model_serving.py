@@ -340,6 +340,8 @@ def test_generation_is_deterministic_and_uses_the_vocabulary(model: TinyDecoder)
         {"vocab_size": 0},
         {"num_layers": True},
         {"rope_theta": 1.0},
+        {"seed": -1},
+        {"moe_layer": "1"},
     ],
 )
 def test_bad_model_config_is_refused(kwargs: dict[str, Any]) -> None:
