@@ -21,13 +21,19 @@ from prefixcache.engine.events import KVEventLog
 from prefixcache.engine.kv_event_methods import KVEventMethods
 from prefixcache.engine.moe_routing import MoERoutingMethods
 from prefixcache.engine.pool import BlockPool
-from prefixcache.engine.prefix_hashing import PrefixHashingMethods, to_hash_list
+from prefixcache.engine.prefix_hashing import (
+    PrefixHashingMethods,
+    max_hash_of,
+    to_hash,
+    to_hash_list,
+)
 from prefixcache.engine.registration import new_runs
 from prefixcache.engine.registry import HashRegistry
 from prefixcache.engine.request_path import RequestPathMethods
 from prefixcache.engine.routing import RoutingStore
 from prefixcache.engine.selection import build_engine
 from prefixcache.engine.stats import AllocatorStats
+from prefixcache.engine.validation import require_flag, require_int
 from prefixcache.errors import (
     BlockStateError,
     ConfigError,
@@ -38,24 +44,18 @@ from prefixcache.policies import EvictionPolicy, SupportsRetention
 
 _SENTINEL_HASHES = (0, -1)
 
+MAX_CLOCK = 1 << 62
+"""Furthest :meth:`KVBlockAllocator.advance_clock` may take the logical clock.
 
-def _check_flag(value: object, name: str) -> None:
-    """Refuse a flag that is not a bool: ``"no"`` or an array would pass as truthy."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
+The clock is stored in int64 per block; stopping at 2**62 leaves 2**62 ticks
+of room for the one tick each later hand-out, hit or touch adds."""
 
 
 def _check_count(num_blocks: object) -> int:
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
-        raise InvalidArgumentError(f"num_blocks must be an int, got {num_blocks!r}")
-    if num_blocks < 0:
-        raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks}")
-    return int(num_blocks)
+    return require_int(num_blocks, "num_blocks", minimum=0)
 
 
-class KVBlockAllocator(
-    PrefixHashingMethods, KVEventMethods, MoERoutingMethods, RequestPathMethods
-):
+class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, RequestPathMethods):
     """Hands out KV-cache block IDs, counts references, and shares cached prefixes.
 
     Every usable block is in exactly one state: free (on the pool's stack),
@@ -132,6 +132,7 @@ class KVBlockAllocator(
             config, self.policy, track_changes=self._track_changes
         )
         self.verify_prefix_hits = config.verify_prefix_hits
+        self._max_hash = max_hash_of(config.hash_algo)
         # Second fingerprint of each registered block (verify mode), by block ID.
         self._fingerprint_of_block: list[int] = [0] * config.total_count
         self._num_rejected = 0
@@ -222,11 +223,11 @@ class KVBlockAllocator(
 
         Complexity: O(k log k) vectorised, plus O(1) policy work per new cached leaf.
         """
-        _check_flag(paused, "paused")
+        is_paused = require_flag(paused, "paused")
         ids = to_block_ids(block_ids, self.num_usable)
         if ids.size == 0:
             return
-        self._engine.release(ids, paused=bool(paused))
+        self._engine.release(ids, paused=is_paused)
         if self._track_changes:
             self._sync_collaborators()
 
@@ -282,15 +283,15 @@ class KVBlockAllocator(
 
         Complexity: O(matched blocks) dict lookups, plus vectorised reference updates.
         """
-        _check_flag(acquire, "acquire")
-        hashes = to_hash_list(block_hashes, "block_hashes")
+        is_acquire = require_flag(acquire, "acquire")
+        hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
         checks = self._fingerprint_list(fingerprints, len(hashes))
         if not self.enable_prefix_caching:
             return to_tensor(EMPTY_IDS.copy())
         matched = self._engine.lookup(hashes)
         if checks is not None:
             matched = self._verified_prefix(matched, checks)
-        self._engine.take_hit(matched, len(hashes), acquire=bool(acquire))
+        self._engine.take_hit(matched, len(hashes), acquire=is_acquire)
         return to_tensor(matched.astype(np.int32))
 
     def is_hash_registered(self, block_hash: int) -> bool:
@@ -302,13 +303,12 @@ class KVBlockAllocator(
         ``parent_hash`` asks here first and re-registers from the root if not.
 
         Raises:
-            InvalidArgumentError: ``block_hash`` is not an int.
+            InvalidArgumentError: ``block_hash`` is not an int, or outside the
+                hash range (signed 64 bits; wider for ``xxh3_128``/``sha256``).
 
         Complexity: O(1).
         """
-        if isinstance(block_hash, bool) or not isinstance(block_hash, (int, np.integer)):
-            raise InvalidArgumentError(f"block_hash must be an int, got {block_hash!r}")
-        return self._engine.block_of(int(block_hash)) is not None
+        return self._engine.block_of(to_hash(block_hash, "block_hash", self._max_hash)) is not None
 
     def acquire_blocks(self, block_ids: BlockIdsLike) -> None:
         """Take one active reference per occurrence on cached or referenced blocks.
@@ -365,7 +365,9 @@ class KVBlockAllocator(
         Complexity: O(k) dict operations.
         """
         ids = to_block_ids(block_ids, self.num_usable)
-        hashes = to_hash_list(block_hashes, "block_hashes")
+        hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
+        if parent_hash is not None:
+            parent_hash = to_hash(parent_hash, "parent_hash", self._max_hash)
         if len(hashes) != len(ids):
             raise InvalidArgumentError(f"{len(ids)} block IDs but {len(hashes)} hashes")
         for sentinel in _SENTINEL_HASHES:
@@ -426,15 +428,15 @@ class KVBlockAllocator(
 
     def get_total_used(self) -> int:
         """Blocks not on the free stack (active + paused + cached). O(1)."""
-        return self.num_usable - self._engine.num_free
+        return self.num_usable - int(self._engine.num_free)
 
     def get_active_used(self) -> int:
         """Blocks held by at least one running request. O(1)."""
-        return self._engine.num_active
+        return int(self._engine.num_active)
 
     def get_paused_used(self) -> int:
         """Blocks held only by paused requests. O(1)."""
-        return self._engine.num_paused
+        return int(self._engine.num_paused)
 
     def get_active_avail(self) -> int:
         """Room left in the active budget (never negative). O(1).
@@ -442,15 +444,15 @@ class KVBlockAllocator(
         Allocation is bounded by the whole pool, as in Megatron-core; the
         active budget binds :meth:`resume`.
         """
-        return max(0, self.active_count - self._engine.num_active)
+        return max(0, self.active_count - int(self._engine.num_active))
 
     def get_paused_avail(self) -> int:
         """Room left in the paused budget. O(1)."""
-        return max(0, self.paused_count - self._engine.num_paused)
+        return max(0, self.paused_count - int(self._engine.num_paused))
 
     def get_evictable_block_count(self) -> int:
         """Cached blocks, all of which eviction can reclaim. O(1)."""
-        return self._engine.num_cached
+        return int(self._engine.num_cached)
 
     # ------------------------------------------------------------------ eviction and time
 
@@ -459,15 +461,20 @@ class KVBlockAllocator(
 
         Every hand-out and touch already ticks the clock once, so recency
         works without calling this; call it to mark coarser boundaries.
+
+        Raises:
+            InvalidArgumentError: ``ticks`` is not an int >= 0, or would take
+                the clock past :data:`MAX_CLOCK` (2**62).
+
+        Complexity: O(1).
         """
-        if isinstance(ticks, bool) or not isinstance(ticks, int) or ticks < 0:
-            raise InvalidArgumentError(f"ticks must be an int >= 0, got {ticks!r}")
-        return self._engine.advance_clock(ticks)
+        ticks = require_int(ticks, "ticks", minimum=0, maximum=MAX_CLOCK - self._engine.clock)
+        return int(self._engine.advance_clock(ticks))
 
     @property
     def clock(self) -> int:
         """The current logical clock value."""
-        return self._engine.clock
+        return int(self._engine.clock)
 
     def update_timestamps(self, block_ids: BlockIdsLike) -> None:
         """Mark blocks as used now, so recency-based policies keep them longer.
@@ -504,13 +511,10 @@ class KVBlockAllocator(
                 f"policy {type(self.policy).__name__} does not support retention priorities; "
                 "configure one that does (e.g. 'priority')"
             )
-        hashes = to_hash_list(block_hashes, "block_hashes")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidArgumentError(f"priority must be an int, got {priority!r}")
-        if duration is not None and (
-            isinstance(duration, bool) or not isinstance(duration, int) or duration < 0
-        ):
-            raise InvalidArgumentError(f"duration must be an int >= 0 or None, got {duration!r}")
+        hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
+        priority = require_int(priority, "priority")
+        if duration is not None:
+            duration = require_int(duration, "duration", minimum=0, maximum=MAX_CLOCK)
         expires_at = None if duration is None else self._engine.clock + duration
         for block_hash in hashes:
             self.policy.set_retention(block_hash, priority, expires_at)
@@ -526,7 +530,7 @@ class KVBlockAllocator(
         num_freed = self._engine.evict(_check_count(num_blocks))
         if self._track_changes:
             self._sync_collaborators()
-        return num_freed
+        return int(num_freed)
 
     def evict_lru_blocks(self, num_blocks: int) -> bool:
         """Megatron-core's name: evict ``num_blocks`` cached blocks, all or none.
@@ -568,26 +572,30 @@ class KVBlockAllocator(
             self.events.record_cleared()
 
     def stats(self) -> AllocatorStats:
-        """A snapshot of counts per state and cumulative events. O(1)."""
+        """A snapshot of counts per state and cumulative events, all plain ints. O(1).
+
+        Whatever integer type an engine keeps, the snapshot holds Python
+        ``int``s, so ``json.dumps(dataclasses.asdict(stats))`` always works.
+        """
         engine = self._engine
         counters = engine.counters()
         return AllocatorStats(
             total_count=self.total_count,
             num_usable=self.num_usable,
-            num_free=engine.num_free,
-            num_active=engine.num_active,
-            num_paused=engine.num_paused,
-            num_cached=engine.num_cached,
-            num_registered=engine.num_registered,
-            num_allocated_blocks=counters.num_allocated_blocks,
-            num_released_references=counters.num_released_references,
-            num_queried_blocks=counters.num_queried_blocks,
-            num_hit_blocks=counters.num_hit_blocks,
-            num_evicted_blocks=counters.num_evicted_blocks,
-            num_dropped_blocks=counters.num_dropped_blocks,
+            num_free=int(engine.num_free),
+            num_active=int(engine.num_active),
+            num_paused=int(engine.num_paused),
+            num_cached=int(engine.num_cached),
+            num_registered=int(engine.num_registered),
+            num_allocated_blocks=int(counters.num_allocated_blocks),
+            num_released_references=int(counters.num_released_references),
+            num_queried_blocks=int(counters.num_queried_blocks),
+            num_hit_blocks=int(counters.num_hit_blocks),
+            num_evicted_blocks=int(counters.num_evicted_blocks),
+            num_dropped_blocks=int(counters.num_dropped_blocks),
             num_rejected_hits=self._num_rejected,
             num_dropped_events=0 if self.events is None else self.events.num_dropped,
-            clock=counters.clock,
+            clock=int(counters.clock),
         )
 
     def __str__(self) -> str:

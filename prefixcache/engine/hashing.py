@@ -34,20 +34,20 @@ import hashlib
 import operator
 import struct
 import sys
-from collections.abc import Sequence
-from types import ModuleType
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
-from prefixcache.engine.validation import require_int
+from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import InvalidArgumentError, InvalidTensorError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["HASH_ALGORITHMS", "compute_block_hashes", "root_hash"]
+__all__ = ["HASH_ALGORITHMS", "MAX_HASH", "compute_block_hashes", "root_hash"]
 
 HASH_ALGORITHMS: tuple[str, ...] = ("xxh3_64", "xxh3_128", "sha256")
 """Names accepted by the ``algo`` argument; the first is the default."""
@@ -55,6 +55,8 @@ HASH_ALGORITHMS: tuple[str, ...] = ("xxh3_64", "xxh3_128", "sha256")
 _MASK63 = (1 << 63) - 1
 # Largest hash each algorithm returns; every hash is in [1, _MAX_HASH[algo]].
 _MAX_HASH = {"xxh3_64": _MASK63, "xxh3_128": (1 << 128) - 1, "sha256": (1 << 256) - 1}
+MAX_HASH: Mapping[str, int] = MappingProxyType(_MAX_HASH)
+"""Largest hash of each algorithm; every hash it returns is in ``[1, MAX_HASH[algo]]``."""
 # Digest bytes of 0 and of 1, for the xxh3_128 and sha256 chains.
 _ZERO_16, _ONE_16 = bytes(16), (1).to_bytes(16, "big")
 _ZERO_32, _ONE_32 = bytes(32), (1).to_bytes(32, "big")
@@ -95,12 +97,15 @@ def root_hash(
 
     Args:
         salt: tenant or request salt. A ``str`` is taken as its UTF-8 bytes,
-            so ``"a"`` and ``b"a"`` are the same salt; ``None`` and an empty
-            salt are the same (no salt).
+            so ``"a"`` and ``b"a"`` are the same salt. ``None`` means no salt;
+            an empty salt is refused, so a tenant ID that came out empty
+            fails loudly instead of sharing the unsalted chains.
         extra_keys: further keys separating hash chains (LoRA name, weight
-            epoch, ...). Each is a ``str``, ``bytes``, ``int`` or a tuple of
-            those, encoded with type tags and length prefixes, so ``"1"``,
-            ``b"1"``, ``1`` and ``(1,)`` are all different keys. Order
+            epoch, ...). Each is a ``str``, ``bytes``, an int (a numpy
+            integer is the same key as the equal Python int; bools are
+            refused) or a tuple of those, encoded with type
+            tags and length prefixes, so ``"1"``, ``b"1"``, ``1`` and
+            ``(1,)`` are all different keys. Order
             matters. ``None`` and an empty sequence are the same.
         algo: one of ``HASH_ALGORITHMS``.
 
@@ -108,8 +113,8 @@ def root_hash(
         A positive int in the range of ``algo``'s hashes.
 
     Raises:
-        InvalidArgumentError: unknown ``algo``; ``salt`` not str/bytes;
-            ``extra_keys`` not a sequence, or a key of another type (bools,
+        InvalidArgumentError: unknown ``algo``; ``salt`` not str/bytes, or
+            empty; ``extra_keys`` not a sequence, or a key of another type (bools,
             floats, None and lists are refused rather than guessed at).
 
     Complexity: O(size of salt and keys); O(1) without them.
@@ -287,6 +292,9 @@ def _int32_le_buffer(tokens: object) -> tuple[memoryview, int]:
                 f"of ints, got {type(tokens).__name__}"
             )
     count = len(tokens)
+    if bool in set(map(type, tokens)):  # struct packs True as 1; the library refuses bools
+        index = next(i for i, token in enumerate(tokens) if type(token) is bool)
+        raise InvalidArgumentError(f"token at index {index} is a bool; tokens must be ints")
     try:
         # Struct.pack range-checks and packs in one C call: about 2x faster than
         # array.array("i", ...), np.fromiter or struct.pack(fmt, ...), which
@@ -412,6 +420,8 @@ def _root_material(salt: str | bytes | None, extra_keys: Sequence[object] | None
         salt_bytes = bytes(salt)
     else:
         raise InvalidArgumentError(f"salt must be str, bytes or None, got {type(salt).__name__}")
+    if salt is not None and not salt_bytes:
+        raise InvalidArgumentError("salt is empty; pass None for no salt, or a non-empty salt")
     _encode_key(salt_bytes, out)
     if extra_keys is None:
         keys: tuple[object, ...] = ()
@@ -437,9 +447,10 @@ def _encode_key(key: object, out: bytearray) -> None:
         tag, payload = b"s", key.encode("utf-8", "surrogatepass")
     elif isinstance(key, (bytes, bytearray)):
         tag, payload = b"b", bytes(key)
-    elif isinstance(key, int) and not isinstance(key, bool):
+    elif type(key) is int or is_int(key):  # any Python int, a numpy integer, never a bool
         # Two's complement, one spare bit for the sign: one encoding per value.
-        tag, payload = b"i", key.to_bytes(key.bit_length() // 8 + 1, "little", signed=True)
+        value = int(key)
+        tag, payload = b"i", value.to_bytes(value.bit_length() // 8 + 1, "little", signed=True)
     else:
         raise InvalidArgumentError(
             f"extra key {key!r} has type {type(key).__name__}; "

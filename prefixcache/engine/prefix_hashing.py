@@ -11,7 +11,10 @@ import torch
 from prefixcache.engine import hashing
 from prefixcache.engine.block_ids import to_int_array
 from prefixcache.engine.config import AllocatorConfig
+from prefixcache.engine.validation import INT64_MAX, INT64_MIN, is_int
 from prefixcache.errors import InvalidArgumentError, InvalidTensorError
+
+_WIDEST_FINGERPRINT = hashing.MAX_HASH["sha256"]  # fingerprints are xxh3_128 or sha256
 
 
 class PrefixHashingMethods:
@@ -108,7 +111,7 @@ class PrefixHashingMethods:
             raise InvalidArgumentError(
                 "verify_prefix_hits is on: pass fingerprints (see fingerprint_tokens)"
             )
-        values = to_hash_list(fingerprints, "fingerprints")
+        values = to_hash_list(fingerprints, "fingerprints", _WIDEST_FINGERPRINT)
         if len(values) != num_hashes:
             raise InvalidArgumentError(f"{num_hashes} hashes but {len(values)} fingerprints")
         return values
@@ -122,19 +125,67 @@ class PrefixHashingMethods:
         return matched
 
 
-def to_hash_list(block_hashes: Any, what: str) -> list[int]:
-    """Hashes as a list of ints, from a sequence of ints or a 1-D integer tensor/array."""
+def max_hash_of(hash_algo: object) -> int:
+    """Largest hash the facade accepts under ``hash_algo`` (DESIGN.md, "Hashing").
+
+    Signed 64 bits for ``xxh3_64`` and for a custom hash function; the wide
+    algorithms' own range (``2**128 - 1``, ``2**256 - 1``) for ``xxh3_128``
+    and ``sha256``, whose hashes the Python engine keeps whole.
+    """
+    if isinstance(hash_algo, str):
+        return max(INT64_MAX, hashing.MAX_HASH.get(hash_algo, INT64_MAX))
+    return INT64_MAX
+
+
+def _is_hash_like(value: object) -> bool:
+    """An int by the library's rule (:func:`is_int`), or one wider than int64 (wide hashes)."""
+    return type(value) is int or is_int(value) or isinstance(value, np.unsignedinteger)
+
+
+def to_hash(value: object, what: str, max_hash: int = INT64_MAX) -> int:
+    """One hash as a Python int in ``[-2**63, max_hash]``; bools refused, numpy integers taken.
+
+    Raises:
+        InvalidArgumentError: not an int, or out of range.
+    """
+    if type(value) is int and INT64_MIN <= value <= max_hash:  # the common case
+        return value
+    if not _is_hash_like(value):
+        raise InvalidArgumentError(f"{what} must be an int, got {value!r}")
+    number: int = int(value)  # type: ignore[call-overload]
+    if not INT64_MIN <= number <= max_hash:
+        raise InvalidArgumentError(f"{what} {number} is outside [-2**63, {max_hash}]")
+    return number
+
+
+def to_hash_list(block_hashes: Any, what: str, max_hash: int = INT64_MAX) -> list[int]:
+    """Hashes as a list of Python ints in ``[-2**63, max_hash]``.
+
+    From a sequence of ints (numpy integers taken, bools refused) or a 1-D
+    integer tensor/array.
+
+    Raises:
+        InvalidTensorError: not a sequence or 1-D integer tensor/array, or an
+            element that is not an int.
+        InvalidArgumentError: a hash outside ``[-2**63, max_hash]``.
+    """
     if isinstance(block_hashes, (torch.Tensor, np.ndarray)):
-        return to_int_array(block_hashes, what).tolist()
+        array = to_int_array(block_hashes, what)
+        if array.dtype == np.uint64 and array.size and int(array.max()) > max_hash:
+            raise InvalidArgumentError(f"{what} holds {int(array.max())}, above {max_hash}")
+        return array.tolist()  # type: ignore[no-any-return]
     if isinstance(block_hashes, (str, bytes)) or not isinstance(block_hashes, Sequence):
         raise InvalidTensorError(
             f"{what} must be a sequence of ints or a 1-D integer tensor, "
             f"got {type(block_hashes).__name__}"
         )
     hashes = list(block_hashes)
-    if set(map(type, hashes)) <= {int}:  # the common case, checked at C speed
-        return hashes
-    for block_hash in hashes:
-        if isinstance(block_hash, bool) or not isinstance(block_hash, (int, np.integer)):
-            raise InvalidTensorError(f"{what} must contain only ints, got {block_hash!r}")
-    return [int(block_hash) for block_hash in hashes]
+    if not set(map(type, hashes)) <= {int}:  # the common case is checked at C speed
+        for block_hash in hashes:
+            if not _is_hash_like(block_hash):
+                raise InvalidTensorError(f"{what} must contain only ints, got {block_hash!r}")
+        hashes = [int(block_hash) for block_hash in hashes]
+    if hashes and (min(hashes) < INT64_MIN or max(hashes) > max_hash):
+        bad = next(h for h in hashes if not INT64_MIN <= h <= max_hash)
+        raise InvalidArgumentError(f"{what} holds {bad}, outside [-2**63, {max_hash}]")
+    return hashes
