@@ -25,6 +25,14 @@ written into a :class:`~prefixcache.serving.kv_cache.KVCache` at prefill and dec
 on every prefix hit the matched blocks are gathered and compared with freshly
 computed values, and a mismatch raises :class:`~prefixcache.errors.InvariantError`.
 
+With ``model=`` a :class:`~prefixcache.serving.model.TinyDecoder` the loop serves
+a real forward pass instead: one paged forward per step over its decode tokens
+and prefill chunks, greedy tokens, MoE routing stored per block and replayed on
+prefix hits, and a :class:`~prefixcache.serving.model_serving.RequestOutput` per
+finished request that
+:func:`~prefixcache.serving.model_serving.compare_with_reference` checks against
+the dense model (DESIGN.md, "Serving a model").
+
 >>> requests = [
 ...     SimRequest.from_tokens(i, [7] * 40 + [i], output_length=4, arrival_step=i) for i in range(6)
 ... ]
