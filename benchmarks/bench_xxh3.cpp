@@ -63,8 +63,16 @@ __attribute__((noinline)) uint64_t ours_scalar(const void* p, size_t n, uint64_t
   return prefixcache::xxh3_64_with<prefixcache::xxh3_detail::ScalarKernel>(p, n, s);
 }
 
+#if PREFIXCACHE_XXH3_HAVE_SSE2
+__attribute__((noinline)) uint64_t ours_sse2(const void* p, size_t n, uint64_t s) noexcept {
+  return prefixcache::xxh3_64_with<prefixcache::xxh3_detail::Sse2Kernel>(p, n, s);
+}
+#endif
+
 std::string kernel_name() {
-#if PREFIXCACHE_XXH3_HAVE_AVX2
+#if PREFIXCACHE_XXH3_RUNTIME_AVX2
+  return prefixcache::xxh3_detail::cpu_has_avx2() ? "avx2 chosen at run time" : "sse2";
+#elif PREFIXCACHE_XXH3_HAVE_AVX2
   return "avx2";
 #elif PREFIXCACHE_XXH3_HAVE_SSE2
   return "sse2";
@@ -201,6 +209,9 @@ int main(int argc, char** argv) {
   const std::string kernel = kernel_name();
   std::vector<Impl> called = {{"prefixcache xxh3_64 (" + kernel + ", called)", ours_called},
                               {"prefixcache xxh3_64 (scalar, called)", ours_scalar}};
+#if PREFIXCACHE_XXH3_RUNTIME_AVX2
+  called.push_back({"prefixcache xxh3_64 (sse2, called)", ours_sse2});
+#endif
   for (const Impl& lib : libs) called.push_back(lib);
 
   for (size_t size : sizes) {  // every implementation must agree before it is timed

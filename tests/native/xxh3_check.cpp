@@ -7,6 +7,8 @@
 //   x <kernel> <seed> <skew> <hex>  -> XXH3-64 of the bytes, placed <skew>
 //                                      bytes past an aligned address; kernel
 //                                      is default|scalar|sse2|avx2|source|int32
+//                                      (avx2: compiled with -mavx2 or chosen at
+//                                      run time; "na" if the CPU lacks it)
 //                                      (source: through xxh3_64_source; int32:
 //                                      the bytes as int32 tokens through the
 //                                      big-endian hosts' token source), or
@@ -63,7 +65,7 @@ std::string kernels() {
   names += " sse2";
 #endif
 #if PREFIXCACHE_XXH3_HAVE_AVX2 && !PREFIXCACHE_XXH3_BIG_ENDIAN
-  names += " avx2";
+  if (prefixcache::xxh3_detail::cpu_has_avx2()) names += " avx2";
 #endif
   return names;
 }
@@ -101,7 +103,9 @@ std::string hash_request(Words& in) {
 #endif
 #if PREFIXCACHE_XXH3_HAVE_AVX2 && !PREFIXCACHE_XXH3_BIG_ENDIAN
   } else if (kernel == "avx2") {
-    h = prefixcache::xxh3_64_with<d::Avx2Kernel>(data, len, seed);
+    if (!d::cpu_has_avx2()) return "na";
+    h = len <= d::kMidSizeMax ? prefixcache::xxh3_64(data, len, seed)
+                              : d::hash_long_avx2(data, len, seed);
 #endif
   } else {
     return "na";
