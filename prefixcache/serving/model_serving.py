@@ -152,7 +152,8 @@ def build_paged_batch(
 
     Raises:
         InvalidArgumentError: an empty step, a decode entry of more than one
-            token, or token counts that do not match the positions.
+            token, token counts that do not match the positions, a slot with
+            no request or with too few blocks for its positions.
 
     Complexity: O(tokens + blocks of the entries), a few host-to-device copies.
     """
@@ -169,10 +170,16 @@ def build_paged_batch(
                 f"entry for slot {entry.slot}: positions [{entry.start}, {entry.stop}) "
                 f"but {len(entry.token_ids)} tokens"
             )
+        row_ids = block_table.blocks_of(entry.slot).numpy()
+        if entry.stop > len(row_ids) * block_size:
+            raise InvalidArgumentError(
+                f"slot {entry.slot} holds {len(row_ids)} blocks of {block_size} tokens; "
+                f"position {entry.stop - 1} needs more"
+            )
         span = np.arange(entry.start, entry.stop, dtype=np.int64)
         tokens.append(np.asarray(entry.token_ids, dtype=np.int64))
         positions.append(span)
-        block_ids.append(block_table.blocks_of(entry.slot).numpy()[span // block_size])
+        block_ids.append(row_ids[span // block_size])
         row += entry.stop - entry.start
         if entry.wants_logits:
             logit_rows.append(row - 1)

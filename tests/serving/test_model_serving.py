@@ -388,6 +388,10 @@ def test_bad_hook_and_batch_arguments_are_refused(model: TinyDecoder) -> None:
         )
     with pytest.raises(InvalidArgumentError, match="tokens"):
         build_paged_batch([], [StepEntry(slot, 0, 2, [1], True)], sim.block_table, 4, model.device)
+    with pytest.raises(InvalidArgumentError, match="holds 1 blocks"):
+        build_paged_batch(
+            [], [StepEntry(slot, 0, 5, [1] * 5, True)], sim.block_table, 4, model.device
+        )
     with pytest.raises(InvalidArgumentError):
         reference_output(model, [1], -1)
     with pytest.raises(InvalidArgumentError):
