@@ -270,18 +270,8 @@ HAND_CHECK = re.compile(r"isinstance\([^()]*\bbool\)")
 
 PENDING = {
     # Being rewritten by others this round; convert them to require_int/require_flag.
-    "engine/allocator.py",
     "engine/config.py",
     "engine/moe_routing.py",
-    "engine/prefix_hashing.py",
-    "engine/python_engine.py",
-    "serving/checkpoints.py",
-    "serving/cow.py",
-    "serving/hybrid.py",
-    "serving/layer_groups.py",
-    "serving/model.py",
-    "serving/model_serving.py",
-    "serving/state_pool.py",
 }
 """Files that still check ints by hand; the list only shrinks."""
 
