@@ -6,15 +6,21 @@ engine publishes. :class:`ZmqEventPublisher` speaks the protocol of vLLM's
 ``ZmqEventPublisher`` (``vllm/distributed/kv_events.py``, vLLM 0.33), so an
 engine that embeds prefixcache plugs into those routers unchanged:
 
-- a PUB socket sends one multipart message per batch:
+- a publishing socket sends one multipart message per batch:
   ``(topic, sequence number as 8 bytes big-endian, payload)``; sequence numbers
-  start at 0 and grow by one per batch;
+  start at 0 and grow by one per batch. It is an XPUB socket with
+  ``ZMQ_XPUB_NODROP`` (SUB sockets connect to it exactly as to vLLM's PUB):
+  where a PUB socket silently drops what a slow subscriber cannot take, this
+  one refuses the non-blocking send, and the batch is counted as dropped
+  (:attr:`ZmqEventPublisher.num_dropped_batches`) while it stays in the replay
+  buffer under its sequence number;
 - the payload is msgpack of the array ``[timestamp, [events...], data_parallel_rank]``;
 - ``encoding="vllm"`` writes each event as a map tagged by its class name,
   ``{"type": "BlockStored", "block_hashes": [...], ...}``, with vLLM 0.33's
   field names; fields prefixcache does not track are written as vLLM writes
   them when unset (``lora_id`` None) or left out (fields with defaults, as
-  msgspec's ``omit_defaults`` does);
+  msgspec's ``omit_defaults`` does); ``BlockStored`` carries ``group_idx``, the
+  KV cache group, as vLLM's block pool sends it (0: one group);
 - ``encoding="legacy_array"`` writes the older array-like events
   (``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
   lora_id, medium]``, ``["BlockRemoved", block_hashes, medium]``,
@@ -23,7 +29,9 @@ engine that embeds prefixcache plugs into those routers unchanged:
   with every buffered batch numbered ``start_seq`` or later, each as
   ``[identity, b"", topic, seq, payload]``, then the end marker
   ``[identity, b"", b"", seq -1, b""]``. The replay buffer keeps the last
-  ``buffer_size`` batches.
+  ``buffer_size`` batches. As vLLM's publisher does, ``start_seq`` is read as
+  a big-endian unsigned int of whatever length it has (an empty frame is 0:
+  everything buffered), and a request of another frame count is ignored.
 
 Publishing stays off the allocator's hot path: the scheduler drains
 ``allocator.take_events()`` when it likes (after a step) and hands them to
@@ -69,6 +77,8 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """Sequence frame of the replay socket's end marker."""
 
 _POLL_MS = 50  # how long the replay thread waits for a request before checking for close
+GROUP_IDX = 0
+"""``group_idx`` of every ``BlockStored``: the allocator manages one KV cache group."""
 
 
 def encode_event(event: KVCacheEvent, encoding: str = "vllm") -> dict[str, Any] | list[Any]:
@@ -103,6 +113,7 @@ def encode_event(event: KVCacheEvent, encoding: str = "vllm") -> dict[str, Any] 
             "lora_id": None,  # deprecated in vLLM; lora_name carries the adapter
             "medium": event.medium,
             "lora_name": event.lora_name,
+            "group_idx": GROUP_IDX,  # after extra_keys, which is left out when None
         }
     if isinstance(event, BlockRemoved):
         if legacy:
@@ -135,7 +146,7 @@ def encode_batch(
 
 
 class ZmqEventPublisher:
-    """Publishes batches of KV cache events on a ZMQ PUB socket, with a replay socket.
+    """Publishes batches of KV cache events on a ZMQ XPUB socket, with a replay socket.
 
     Methods by purpose:
 
@@ -144,6 +155,17 @@ class ZmqEventPublisher:
     - Counters: :attr:`num_published_batches`, :attr:`num_published_events`,
       :attr:`num_dropped_batches`, :attr:`num_dropped_events`,
       :attr:`num_replay_requests`, :attr:`next_seq`.
+
+    Every batch gets a sequence number and goes into the replay buffer; it
+    is then either sent (``num_published_*``) or dropped (``num_dropped_*``):
+    the socket's queue towards some subscriber holds ``send_high_water_mark``
+    messages already (a slow or stalled subscriber), and ZeroMQ's
+    ``XPUB_NODROP`` refuses the send for all of them rather than losing it
+    silently for one. A dropped batch leaves a gap in the sequence numbers
+    that every subscriber sees; it recovers the batch from the replay socket
+    while it is among the last ``buffer_size`` batches, else resynchronises
+    from a snapshot. ``num_published_batches + num_dropped_batches ==
+    next_seq`` always.
 
     ``publish`` is called from one thread (the scheduler's). When a replay
     endpoint is given, a daemon thread answers replay requests; the replay
@@ -158,8 +180,8 @@ class ZmqEventPublisher:
         buffer_size: batches kept for replay (>= 1).
         encoding: ``"vllm"`` (default) or ``"legacy_array"``.
         clock: returns the batch timestamp in seconds (injected by tests).
-        send_high_water_mark: messages the PUB socket queues per subscriber
-            before ZeroMQ drops them (ZeroMQ's PUB drops silently).
+        send_high_water_mark: messages the socket queues per subscriber
+            before a send is refused and counted as dropped.
 
     Raises:
         ConfigError: a bad option.
@@ -194,8 +216,11 @@ class ZmqEventPublisher:
         self._topic_bytes = topic.encode("utf-8")
         self._clock = clock
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._pub = self._context.socket(zmq.PUB)
+        # XPUB, not PUB: with XPUB_NODROP a full queue refuses the send (EAGAIN
+        # under NOBLOCK) instead of dropping the message unseen.
+        self._pub = self._context.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.LINGER, 0)
+        self._pub.setsockopt(zmq.XPUB_NODROP, 1)
         self._pub.set_hwm(send_high_water_mark)
         self._replay: zmq.Socket[bytes] | None = None
         try:
@@ -237,9 +262,10 @@ class ZmqEventPublisher:
     def publish(self, events: Sequence[KVCacheEvent]) -> int | None:
         """Send ``events`` as one batch and keep it for replay.
 
-        An empty sequence sends nothing. A batch the PUB socket cannot queue
-        (high-water mark reached) is counted in :attr:`num_dropped_batches`
-        and :attr:`num_dropped_events`; it stays in the replay buffer under its
+        An empty sequence sends nothing. A batch the socket cannot queue for
+        every subscriber (one of them is at the high-water mark) is sent to
+        none, counted in :attr:`num_dropped_batches` and
+        :attr:`num_dropped_events`, and stays in the replay buffer under its
         sequence number, so a subscriber that notices the gap can replay it.
 
         Args:
@@ -263,6 +289,7 @@ class ZmqEventPublisher:
         self.next_seq += 1
         with self._lock:
             self._buffer.append((seq, payload))
+        self._discard_subscriptions()
         try:
             self._pub.send_multipart(
                 (self._topic_bytes, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK
@@ -274,6 +301,14 @@ class ZmqEventPublisher:
         self.num_published_batches += 1
         self.num_published_events += len(events)
         return seq
+
+    def _discard_subscriptions(self) -> None:
+        """Read the (un)subscription messages XPUB queues for us, so they never pile up."""
+        try:
+            while True:
+                self._pub.recv(flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return
 
     def drain(self, allocator: KVBlockAllocator) -> int | None:
         """Publish whatever ``allocator.take_events()`` returns, as one batch.
@@ -311,9 +346,10 @@ class ZmqEventPublisher:
                 frames = replay.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 return  # the socket was closed under us
-            if len(frames) != 3 or len(frames[2]) != 8:
+            if len(frames) != 3:
                 continue  # not a replay request; vLLM ignores these too
             identity, _, start = frames
+            # Any length, as vLLM reads it: b"" is 0, a short frame a small number.
             self._answer_replay(replay, identity, int.from_bytes(start, "big"))
 
     def _answer_replay(self, replay: zmq.Socket[bytes], identity: bytes, start_seq: int) -> None:
