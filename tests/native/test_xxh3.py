@@ -274,6 +274,13 @@ def test_extension_matches_xxhash(case: tuple[bytes, int, int]) -> None:
     assert module.xxh3_64(data, seed) == xxhash.xxh3_64_intdigest(data, seed=seed)  # type: ignore[attr-defined]
 
 
+def test_extension_default_root() -> None:
+    module = _native_module()
+    if not hasattr(module, "default_root"):
+        pytest.skip("prefixcache.engine._native does not expose default_root")
+    assert module.default_root() == root_hash()  # type: ignore[attr-defined]
+
+
 # --------------------------------------------------------------------------
 # Block-hash chains
 # --------------------------------------------------------------------------
