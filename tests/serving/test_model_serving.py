@@ -245,6 +245,20 @@ def test_wrong_stored_routing_is_caught(
     assert problems == ["request 'b': routed experts of token 0 differ"]
 
 
+def test_a_hit_without_stored_routing_is_an_invariant_error(
+    model: TinyDecoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = [(5 * i + 3) % VOCAB_SIZE for i in range(9)]
+    sim = DynamicBatchingSim(pressure_config(total_count=64), model=model)
+    sim.submit(SimRequest.from_tokens("a", prompt, 1))
+    while not sim.is_done:
+        sim.step()
+    monkeypatch.setattr(sim.allocator, "reconstruct_routing_from_blocks", lambda *args: None)
+    sim.submit(SimRequest.from_tokens("b", prompt, 1))
+    with pytest.raises(InvariantError, match="routing is not all stored"):
+        sim.step()
+
+
 # ---------------------------------------------------------------------- the check can fail
 
 
@@ -284,6 +298,25 @@ def test_verify_names_the_corrupted_block_at_the_hit(model: TinyDecoder) -> None
         InvariantError, match=rf"block {block_id} serves wrong K at token 8 .* layer 0"
     ):
         sim.step()
+
+
+def test_compare_outputs_names_every_kind_of_difference() -> None:
+    def output(name: str, tokens: tuple[int, ...], experts: int = 0) -> RequestOutput:
+        routing = np.full((2 + len(tokens), 1, 2), experts)
+        return RequestOutput(name, (1, 2), tokens, routing, torch.zeros(len(tokens), 4), 0)
+
+    first = [output("a", (5,)), output("b", (5, 6)), output("c", (5,), experts=1)]
+    second = [output("a", (6, 7)), output("b", (5, 6)), output("c", (5,)), output("d", ())]
+    assert compare_outputs(first, second, atol=1e-9) == [
+        "request 'a': generated token 0 differs ([5] vs [6])",
+        "request 'a': logits of shape (1, 4) vs (2, 4)",
+        "request 'a': routing of shape (3, 1, 2) vs (4, 1, 2)",
+        "request 'c': routed experts of token 0 differ",
+        "request 'd': missing from the first run",
+    ]
+    assert compare_outputs(second[:1], [], atol=1e-9) == [
+        "request 'a': missing from the second run"
+    ]
 
 
 # ---------------------------------------------------------------------- the model itself
@@ -394,8 +427,9 @@ def test_bad_hook_and_batch_arguments_are_refused(model: TinyDecoder) -> None:
         )
     with pytest.raises(InvalidArgumentError):
         reference_output(model, [1], -1)
-    with pytest.raises(InvalidArgumentError):
-        model.forward_dense(torch.tensor([VOCAB_SIZE]))
+    for bad in (torch.tensor([VOCAB_SIZE]), torch.tensor([1.0]), torch.tensor([]), [1, 2]):
+        with pytest.raises(InvalidArgumentError):
+            model.forward_dense(bad)  # type: ignore[arg-type]
 
 
 def test_the_example_serves_a_trace_and_finds_the_runs_identical(
