@@ -148,7 +148,7 @@ def main() -> None:
     print(f"libraries: {' '.join(libs) or 'none'}")
     for note in notes:
         print(f"note: {note}")
-    builds = {"-O3 (the extension's flags)": BASE_FLAGS}
+    builds: dict[str, tuple[str, ...]] = {"-O3 (the extension's flags)": BASE_FLAGS}
     if _cpu_has_avx2():
         builds["-O3 -mavx2"] = (*BASE_FLAGS, "-mavx2")
     with tempfile.TemporaryDirectory() as tmp:

@@ -278,7 +278,7 @@ def test_extension_default_root() -> None:
     module = _native_module()
     if not hasattr(module, "default_root"):
         pytest.skip("prefixcache.engine._native does not expose default_root")
-    assert module.default_root() == root_hash()  # type: ignore[attr-defined]
+    assert module.default_root() == root_hash()
 
 
 # --------------------------------------------------------------------------
