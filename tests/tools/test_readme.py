@@ -21,9 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
-# Optional modules a test may skip without even with the test extra installed: NVIDIA
-# Dynamo's indexer (the dynamo extra) and the package's own compiled engine (a machine
-# without a compiler falls back to the Python engine).
+# Optional modules a test may skip without, even with the test extra installed: NVIDIA
+# Dynamo's indexer (the test extra installs it on Linux x86-64 only) and the package's own
+# compiled engine (a machine without a compiler falls back to the Python engine).
 MAY_BE_MISSING = ("dynamo", "prefixcache")
 
 
