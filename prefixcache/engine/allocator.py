@@ -136,6 +136,8 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, 
         # Second fingerprint of each registered block (verify mode), by block ID.
         self._fingerprint_of_block: list[int] = [0] * config.total_count
         self._num_rejected = 0
+        self._num_queried_tokens = 0  # vLLM's prefix_cache_queries, in tokens
+        self._num_hit_tokens = 0  # vLLM's prefix_cache_hits, in tokens
         self._bind_request_path()
 
     @property
@@ -260,7 +262,12 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, 
     # ------------------------------------------------------------------ prefix reuse
 
     def match_prefix(
-        self, block_hashes: Any, *, acquire: bool = False, fingerprints: Any = None
+        self,
+        block_hashes: Any,
+        *,
+        acquire: bool = False,
+        fingerprints: Any = None,
+        num_tokens: int | None = None,
     ) -> torch.Tensor:
         """IDs of the blocks holding the longest registered prefix of ``block_hashes``.
 
@@ -273,26 +280,40 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, 
             fingerprints: in verify mode, the query's fingerprints
                 (:meth:`fingerprint_tokens`); the match stops at the first
                 block whose stored fingerprint differs. Ignored otherwise.
+            num_tokens: the prompt's length in tokens, for the token hit
+                counters (``stats().num_queried_tokens``, vLLM's
+                ``prefix_cache_queries``): at least ``len(block_hashes) *
+                block_size_tokens``; None counts the full blocks only.
 
         Returns:
             A fresh CPU int32 tensor, possibly empty.
 
         Raises:
             InvalidTensorError, InvalidArgumentError: malformed hashes or
-                fingerprints, or ``acquire`` not a bool.
+                fingerprints, ``acquire`` not a bool, or ``num_tokens`` fewer
+                than the hashed blocks' tokens.
 
         Complexity: O(matched blocks) dict lookups, plus vectorised reference updates.
         """
         is_acquire = require_flag(acquire, "acquire")
         hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
         checks = self._fingerprint_list(fingerprints, len(hashes))
+        full_tokens = len(hashes) * self.block_size_tokens
+        if num_tokens is not None:
+            full_tokens = require_int(num_tokens, "num_tokens", minimum=full_tokens)
         if not self.enable_prefix_caching:
             return to_tensor(EMPTY_IDS.copy())
         matched = self._engine.lookup(hashes)
         if checks is not None:
             matched = self._verified_prefix(matched, checks)
         self._engine.take_hit(matched, len(hashes), acquire=is_acquire)
+        self._count_prefix_tokens(full_tokens, len(matched))
         return to_tensor(matched.astype(np.int32))
+
+    def _count_prefix_tokens(self, num_tokens: int, num_hit_blocks: int) -> None:
+        """Count a prefix query of ``num_tokens`` prompt tokens that hit ``num_hit_blocks``."""
+        self._num_queried_tokens += num_tokens
+        self._num_hit_tokens += num_hit_blocks * self.block_size_tokens
 
     def is_hash_registered(self, block_hash: int) -> bool:
         """Whether some block holds ``block_hash`` now (a chain can continue from it).
@@ -568,6 +589,7 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, 
         if self.routing is not None:
             self.routing.clear_all()
         self._num_rejected = 0
+        self._num_queried_tokens = self._num_hit_tokens = 0
         if self.events is not None:
             self.events.record_cleared()
 
@@ -575,7 +597,7 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, 
         """A snapshot of counts per state and cumulative events, all plain ints. O(1).
 
         Whatever integer type an engine keeps, the snapshot holds Python
-        ``int``s, so ``json.dumps(dataclasses.asdict(stats))`` always works.
+        ``int``s, so ``json.dumps(stats.as_dict())`` always works.
         """
         engine = self._engine
         counters = engine.counters()
@@ -596,6 +618,8 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, 
             num_rejected_hits=self._num_rejected,
             num_dropped_events=0 if self.events is None else self.events.num_dropped,
             clock=int(counters.clock),
+            num_queried_tokens=self._num_queried_tokens,
+            num_hit_tokens=self._num_hit_tokens,
         )
 
     def __str__(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
@@ -11,7 +11,11 @@ class AllocatorStats:
 
     ``num_free + num_active + num_paused + num_cached == num_usable`` always.
     Hit counts are in blocks: ``num_hit_blocks / num_queried_blocks`` is the
-    block hit rate of :meth:`KVBlockAllocator.match_prefix` queries.
+    block hit rate of :meth:`KVBlockAllocator.match_prefix` queries. The
+    token counts are vLLM's ``prefix_cache_queries``/``prefix_cache_hits``:
+    ``num_queried_tokens`` counts every prompt token of the queries (the
+    partial last block included, when the caller passes ``num_tokens``),
+    ``num_hit_tokens`` the tokens of the blocks found cached.
     ``num_evicted_blocks`` counts cached blocks freed for room (or by an
     explicit evict call); ``num_dropped_blocks`` counts hashed blocks freed
     at their last release because the policy retains nothing (ref-zero).
@@ -19,6 +23,9 @@ class AllocatorStats:
     matched but its verification fingerprint did not (a hash collision).
     ``num_dropped_events`` counts KV cache events lost to a full event queue:
     a consumer that sees it grow should resynchronise from ``snapshot()``.
+
+    Every field is a plain Python ``int`` (never a numpy integer), so
+    ``json.dumps(stats.as_dict())`` works.
     """
 
     total_count: int
@@ -37,6 +44,12 @@ class AllocatorStats:
     num_rejected_hits: int
     num_dropped_events: int
     clock: int
+    num_queried_tokens: int = 0
+    num_hit_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """Every field by name, for logs and JSON. Complexity: O(fields)."""
+        return asdict(self)
 
     @property
     def hit_rate(self) -> float:
