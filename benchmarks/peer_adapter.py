@@ -4,34 +4,44 @@ The harness times the KV-cache block managers of Megatron-core, vLLM and
 SGLang on the workloads of ``WORKLOADS.md`` (W1 allocator churn, W2 prefix
 reuse, W3 prefix reuse under eviction pressure). This file plugs
 :class:`prefixcache.KVBlockAllocator` into it, so that prefixcache is timed in
-the same run, on the same interleaved schedule, as the peers::
+the same run, on the same interleaved schedule, as the peers. From the
+repository root, with the peers' virtual environment in ``$PEERS_VENV``::
 
-    /root/.venv-peers/bin/python /work/shared/bench/run_peers.py \\
-        --adapter /work/main/benchmarks/peer_adapter.py:PrefixCacheAdapter --check
+    cd ../shared/bench && $PEERS_VENV/bin/python run_peers.py \\
+        --adapter <repository>/benchmarks/peer_adapter.py:PrefixCacheAdapter --check
+
+(``<repository>`` is this checkout's path; the harness imports the adapter
+file by path, and the adapter puts the checkout on ``sys.path`` when
+prefixcache is not installed in that environment. Build the extension first,
+``pip install -e .`` in the project's venv, so the checkout holds it.)
 
 The class follows the harness's duck-typed ``Adapter`` interface (see the
 ``Adapter`` docstring and ``RefPyAdapter`` in ``run_peers.py``); it does not
 import the harness, so it also loads on its own (for profiling, see
-``benchmarks/README.md``).
+``benchmarks/README.md``). ``PrefixCacheAdapter`` runs whichever engine the
+allocator picks (the native one when it is built; ``PREFIXCACHE_ENGINE``
+overrides); ``PrefixCacheComposedAdapter`` runs W2/W3 through the separate
+calls instead of the fused one, and ``PrefixCachePythonAdapter`` forces the
+Python engine, both for comparison in the same run.
 
 Mapping (what a serving engine calls, in the order it calls it):
 
 - W1: ``KVBlockAllocator(total_count=P, enable_prefix_caching=False)``;
-  ``allocate_memory_blocks(k)`` (a fresh tensor, no copy needed) /
-  ``release_memory_blocks(ids)``.
-- W2/W3: ``hash_tokens`` (default xxh3_64 chain) ; ``match_prefix(hashes[:m],
-  acquire=True)`` with ``m = (n_tokens - 1) // B`` so the whole prompt is never
-  served from cache; ``allocate_memory_blocks(n - h)`` (evicts through the
-  default LRU policy); ``register_kv_block_hashes(new, hashes[h:n_full],
-  parent_hash=hashes[h - 1])``; ``release_memory_blocks(hit + new)``.
+  ``allocate_block_ids(k)`` (an int32 buffer, no tensor) / ``release_request(ids)``.
+- W2/W3: ``admit_request(tokens, row)`` (hashes the full blocks with the
+  default xxh3_64 chain, matches and pins at most ``(n_tokens - 1) // B``
+  blocks, allocates the rest with LRU eviction, registers the new full blocks,
+  writes the request's block IDs into a preallocated int32 block-table row),
+  then ``release_request(row[:n])``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -42,30 +52,33 @@ except ImportError:  # run from the peers' venv, where prefixcache is not instal
     import prefixcache
 
 from prefixcache import KVBlockAllocator
+from prefixcache.engine.native_engine import native_available
+
+_MAX_BLOCKS_PER_REQUEST = 4096
 
 
 class PrefixCacheAdapter:
-    """Runs W1-W3 of the shared harness through prefixcache's public API.
+    """Runs W1-W3 of the shared harness through prefixcache's fastest public calls.
 
     Attributes:
         name: peer name shown in the harness table.
         api: the calls used per workload kind, copied into the JSON records.
-        hash_s: seconds spent in ``hash_tokens`` since ``prefix_init`` (the
-            harness reads it for the "hash share" column).
-        churn_alloc, churn_free: set by :meth:`churn_init` to the allocator's own
-            bound ``allocate_memory_blocks`` / ``release_memory_blocks``, so W1
-            times the library's calls with no adapter frame in between (the
-            returned tensor is already a fresh copy, unlike Megatron's view).
+        hash_s: seconds spent hashing since ``prefix_init``; 0 on the fused
+            path, where hashing is inside ``admit_request`` (the harness reads
+            it for the "hash share" column).
+        churn_alloc, churn_free: set by :meth:`churn_init` to the allocator's
+            own ``allocate_block_ids`` / ``release_request``, so W1 times the
+            library's calls with no adapter frame in between.
     """
 
     name = "prefixcache"
+    engine: str | None = None  # None: PREFIXCACHE_ENGINE, else native when it is built
     api: ClassVar[dict[str, str]] = {
         "churn": "KVBlockAllocator(enable_prefix_caching=False, device='cpu'): "
-        "allocate_memory_blocks(k) (fresh tensor) / release_memory_blocks(ids)",
-        "prefix": "hash_tokens (xxh3_64 chain, int32 numpy input); "
-        "match_prefix(hashes[:(n_tokens-1)//B], acquire=True); allocate_memory_blocks(n-h) "
-        "(LRU eviction inside); register_kv_block_hashes(new, hashes[h:n_full], "
-        "parent_hash=hashes[h-1]); release_memory_blocks(hit+new)",
+        "allocate_block_ids(k) (int32 buffer) / release_request(ids)",
+        "prefix": "admit_request(tokens, row) (xxh3_64 chain, match and pin at most "
+        "(n_tokens-1)//B blocks, allocate with LRU eviction, register, write the block-table "
+        "row); release_request(row[:n])",
     }
     patches: ClassVar[list[str]] = []
     hash_s = 0.0
@@ -73,23 +86,32 @@ class PrefixCacheAdapter:
     def __init__(self) -> None:
         self._allocator: KVBlockAllocator | None = None
         self._block_size = 16
+        self._row = np.zeros(_MAX_BLOCKS_PER_REQUEST, dtype=np.int32)
 
     def version(self) -> str:
-        """The prefixcache version string."""
-        return prefixcache.__version__
+        """The prefixcache version string, with the engine that runs."""
+        return f"{prefixcache.__version__} ({self._engine_name()} engine)"
+
+    def _engine_name(self) -> str:
+        if self.engine is not None:
+            return self.engine
+        return os.environ.get("PREFIXCACHE_ENGINE") or (
+            "native" if native_available() else "python"
+        )
+
+    def _build(self, **config: Any) -> KVBlockAllocator:
+        self._allocator = KVBlockAllocator(device="cpu", engine=self._engine_name(), **config)
+        return self._allocator
 
     # ------------------------------------------------------------------ W1
 
     def churn_init(self, pool_blocks: int, block_size: int) -> None:
         """Build a fresh allocator with prefix caching off (``pool_blocks`` counts the dummy)."""
-        self._allocator = KVBlockAllocator(
-            total_count=pool_blocks,
-            block_size_tokens=block_size,
-            enable_prefix_caching=False,
-            device="cpu",
+        allocator = self._build(
+            total_count=pool_blocks, block_size_tokens=block_size, enable_prefix_caching=False
         )
-        self.churn_alloc = self._allocator.allocate_memory_blocks
-        self.churn_free = self._allocator.release_memory_blocks
+        self.churn_alloc = allocator.allocate_block_ids
+        self.churn_free = allocator.release_request
 
     def churn_num_free(self) -> int:
         """Blocks on the free stack (conservation check after teardown)."""
@@ -97,18 +119,19 @@ class PrefixCacheAdapter:
         return allocator.num_usable - allocator.get_total_used()
 
     @staticmethod
-    def churn_ids(handle: object) -> list[int]:
+    def churn_ids(handle: Any) -> list[int]:
         """The IDs of one allocation, for the harness's ``--check`` pass."""
-        return handle.tolist()  # type: ignore[attr-defined]
+        ids: list[int] = handle.tolist()
+        return ids
 
     # ------------------------------------------------------------------ W2/W3
 
     def prefix_init(self, pool_blocks: int, block_size: int) -> None:
         """Build a fresh allocator with the defaults: prefix caching on, LRU, xxh3_64."""
-        self._allocator = KVBlockAllocator(
-            total_count=pool_blocks, block_size_tokens=block_size, device="cpu"
-        )
+        allocator = self._build(total_count=pool_blocks, block_size_tokens=block_size)
         self._block_size = block_size
+        self._admit = allocator.admit_request
+        self._release = allocator.release_request
         self.hash_s = 0.0
 
     @staticmethod
@@ -119,27 +142,50 @@ class PrefixCacheAdapter:
     def serve(self, tokens: np.ndarray) -> int:
         """Serve one request start to finish; return how many blocks came from cache.
 
-        Hash the full blocks, match and pin the longest cached prefix, allocate
-        the rest (evicting if needed), register the new full blocks, release.
-
         Raises:
-            RuntimeError: the pool cannot hold the request even after eviction.
+            CapacityError: the pool cannot hold the request even after eviction.
         """
+        row = self._row
+        num_hit: int = self._admit(tokens, row)
+        self._release(row[: -(-len(tokens) // self._block_size)])
+        return num_hit
+
+    def _require_allocator(self) -> KVBlockAllocator:
+        if self._allocator is None:
+            raise RuntimeError("call churn_init or prefix_init first")
+        return self._allocator
+
+
+class PrefixCacheComposedAdapter(PrefixCacheAdapter):
+    """W2/W3 through the separate calls an engine without the fused path makes.
+
+    ``hash_tokens``; ``match_prefix(hashes[:(n-1)//B], acquire=True)``;
+    ``allocate_memory_blocks(n - h)``; ``register_kv_block_hashes(new,
+    hashes[h:n_full], parent_hash=hashes[h-1])``; ``release_memory_blocks(hit + new)``.
+    """
+
+    name = "prefixcache-composed"
+    api: ClassVar[dict[str, str]] = {
+        "churn": PrefixCacheAdapter.api["churn"],
+        "prefix": "hash_tokens; match_prefix(hashes[:(n_tokens-1)//B], acquire=True); "
+        "allocate_memory_blocks(n-h); register_kv_block_hashes(new, hashes[h:n_full], "
+        "parent_hash=hashes[h-1]); release_memory_blocks(hit+new)",
+    }
+
+    def serve(self, tokens: np.ndarray) -> int:
+        """Serve one request with the separate calls; return the blocks served from cache."""
         allocator = self._require_allocator()
         block_size = self._block_size
         num_tokens = len(tokens)
         start = time.perf_counter()
         hashes = allocator.hash_tokens(tokens)
         self.hash_s += time.perf_counter() - start
-        # Never serve the whole prompt from cache: the last token must be computed.
         hit_ids = allocator.match_prefix(hashes[: (num_tokens - 1) // block_size], acquire=True)
         num_hit = len(hit_ids)
         num_blocks = -(-num_tokens // block_size)
         new_ids = allocator.allocate_memory_blocks(num_blocks - num_hit)
         if new_ids is None:
             raise RuntimeError(f"prefixcache: cannot allocate {num_blocks - num_hit} blocks")
-        # One numpy view of the new IDs serves both calls below: slicing it is
-        # cheaper than slicing the tensor, and the library takes arrays as they are.
         new_array = new_ids.numpy()
         num_full = len(hashes)
         if num_full > num_hit:
@@ -154,7 +200,9 @@ class PrefixCacheAdapter:
             allocator.release_memory_blocks(new_array)
         return num_hit
 
-    def _require_allocator(self) -> KVBlockAllocator:
-        if self._allocator is None:
-            raise RuntimeError("call churn_init or prefix_init first")
-        return self._allocator
+
+class PrefixCachePythonAdapter(PrefixCacheComposedAdapter):
+    """The composed calls on the pure-Python engine (the reference), for comparison."""
+
+    name = "prefixcache-python"
+    engine = "python"

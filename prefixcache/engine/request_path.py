@@ -1,5 +1,8 @@
 """The request path: one call to admit a request, one to release it.
 
+Also :meth:`RequestPathMethods.allocate_block_ids`, allocation without a
+tensor per call, for schedulers that keep block IDs on the host.
+
 A serving engine calls the block manager for every request of every
 scheduling step. :meth:`RequestPathMethods.admit_request` does what a request
 needs in one call (hash the prompt's full blocks, find and pin the longest
@@ -10,7 +13,7 @@ table; :meth:`RequestPathMethods.release_request` drops them again.
 On the native engine, when nothing above the engine must see the calls (no
 KV events, no MoE routing, no verification fingerprints), both are the
 extension's own functions bound on the allocator: one C call per request, no
-tensor created (DESIGN.md, "The native engine"). Otherwise they are composed
+tensor created (DESIGN.md, "The native engine"); so is ``allocate_block_ids``. Otherwise they are composed
 here from the engine's primitives and the facade's collaborators, with the
 same results (``tests/native/test_differential.py`` compares the two).
 """
@@ -62,14 +65,31 @@ class RequestPathMethods:
         """Bind the native fused calls when no collaborator needs to see the request."""
         allocator = cast("KVBlockAllocator", self)
         core = getattr(allocator._engine, "core", None)
-        if (
-            core is not None
-            and not allocator._track_changes
-            and not allocator.verify_prefix_hits
-            and allocator.enable_prefix_caching
-        ):
+        if core is None or allocator._track_changes:
+            return
+        self.allocate_block_ids = core.allocate  # type: ignore[method-assign]
+        self.release_request = core.release_request  # type: ignore[method-assign]
+        if not allocator.verify_prefix_hits and allocator.enable_prefix_caching:
             self.admit_request = core.admit_request  # type: ignore[method-assign]
-            self.release_request = core.release_request  # type: ignore[method-assign]
+
+    def allocate_block_ids(self, num_blocks: int) -> Any:
+        """Hand out ``num_blocks`` fresh blocks as a compact int32 buffer, not a tensor.
+
+        As :meth:`allocate_memory_blocks` (evicting when needed, ``None`` when
+        even eviction cannot free enough), for a scheduler that keeps IDs on
+        the host: the result supports ``len``, indexing, ``tolist()`` and the
+        buffer protocol (``np.frombuffer(ids, np.int32)`` and
+        ``torch.frombuffer(ids, dtype=torch.int32)`` wrap it without a copy),
+        and every method taking block IDs takes it back. On the native engine
+        it is the extension's ``BlockIds``, created without numpy or torch.
+
+        Raises:
+            InvalidArgumentError: ``num_blocks`` is not a non-negative int.
+
+        Complexity: O(num_blocks), plus O(log n) per evicted block.
+        """
+        block_ids = cast("KVBlockAllocator", self).allocate_memory_blocks(num_blocks)
+        return None if block_ids is None else block_ids.numpy()
 
     def admit_request(self, tokens: Any, out_row: Any) -> int:
         """Admit one request: pin its cached prefix, allocate the rest, register, fill its row.

@@ -341,9 +341,22 @@ PyObject* engine_registered_chains(PyObject* py_self, PyObject*) {
 
 // ------------------------------------------------------------------ fused request path
 
-// Tokens as int32: the buffer itself when it is int32, else narrowed into
-// self->tokens (every token must fit in int32, as hashing.py requires).
-bool parse_tokens(EngineObject* self, PyObject* obj, const int32_t** tokens, size_t* count) {
+// Tokens as int32: the caller's buffer itself when it is int32 (held until
+// release()), else narrowed into self->tokens (every token must fit in int32,
+// as hashing.py requires).
+struct Tokens {
+  const int32_t* data = nullptr;
+  size_t count = 0;
+  Py_buffer view{};
+  bool holds_view = false;
+  ~Tokens() { release(); }
+  void release() {
+    if (holds_view) PyBuffer_Release(&view);
+    holds_view = false;
+  }
+};
+
+bool parse_tokens(EngineObject* self, PyObject* obj, Tokens* out) {
   std::vector<int32_t>& narrowed = *self->tokens;
   auto outside = [](int64_t value) {
     native_raise(ErrorKind::kInvalidArgument,
@@ -361,11 +374,13 @@ bool parse_tokens(EngineObject* self, PyObject* obj, const int32_t** tokens, siz
       }
       int overflow = 0;
       const long long value = PyLong_AsLongLongAndOverflow(items[i], &overflow);
-      if (overflow || value < INT32_MIN || value > INT32_MAX) return outside(overflow ? INT64_MAX : value);
+      if (overflow || value < INT32_MIN || value > INT32_MAX) {
+        return outside(overflow ? INT64_MAX : value);
+      }
       narrowed[i] = static_cast<int32_t>(value);
     }
-    *tokens = narrowed.data();
-    *count = narrowed.size();
+    out->data = narrowed.data();
+    out->count = narrowed.size();
     return true;
   }
   PyObject* source = native_buffer_source(obj, "tokens");
@@ -377,28 +392,32 @@ bool parse_tokens(EngineObject* self, PyObject* obj, const int32_t** tokens, siz
     }
     return false;
   }
-  Py_buffer view;
   bool is_signed;
-  const bool got = native_int_buffer(source, &view, false, "tokens", &is_signed);
-  Py_DECREF(source);
+  const bool got = native_int_buffer(source, &out->view, false, "tokens", &is_signed);
+  Py_DECREF(source);  // the view keeps its exporter alive
   if (!got) return false;
-  const Py_ssize_t size = view.shape[0];
+  out->holds_view = true;
+  const Py_ssize_t size = out->view.shape[0];
+  if (out->view.itemsize == 4 && is_signed) {  // int32 tokens: hashed in place
+    out->data = static_cast<const int32_t*>(out->view.buf);
+    out->count = static_cast<size_t>(size);
+    return true;
+  }
   bool ok = true;
   narrowed.resize(static_cast<size_t>(size));
   for (Py_ssize_t i = 0; i < size; ++i) {
     bool too_big = false;
-    const int64_t value = view.itemsize == 4 && is_signed
-                              ? static_cast<const int32_t*>(view.buf)[i]
-                              : native_element(view.buf, i, view.itemsize, is_signed, &too_big);
+    const int64_t value =
+        native_element(out->view.buf, i, out->view.itemsize, is_signed, &too_big);
     if (too_big || value < INT32_MIN || value > INT32_MAX) {
       ok = outside(too_big ? INT64_MAX : value);
       break;
     }
     narrowed[i] = static_cast<int32_t>(value);
   }
-  PyBuffer_Release(&view);
-  *tokens = narrowed.data();
-  *count = narrowed.size();
+  out->release();
+  out->data = narrowed.data();
+  out->count = narrowed.size();
   return ok;
 }
 
@@ -410,9 +429,10 @@ FASTCALL(engine_admit_request) {
       !native_bind_args("admit_request", args, nargs, kwnames, names, 2, 2, bound)) {
     return nullptr;
   }
-  const int32_t* tokens;
-  size_t num_tokens;
-  if (!parse_tokens(self, bound[0], &tokens, &num_tokens)) return nullptr;
+  Tokens parsed;
+  if (!parse_tokens(self, bound[0], &parsed)) return nullptr;
+  const int32_t* tokens = parsed.data;
+  const size_t num_tokens = parsed.count;
   PyObject* source = native_buffer_source(bound[1], "out_row");
   if (!source) {
     if (!PyErr_Occurred()) {
@@ -462,9 +482,10 @@ FASTCALL(engine_admit_request) {
 
 PyObject* engine_hash_tokens(PyObject* py_self, PyObject* arg) {
   EngineObject* self = self_of(py_self);
-  const int32_t* tokens;
-  size_t num_tokens;
-  if (!ready(self) || !parse_tokens(self, arg, &tokens, &num_tokens)) return nullptr;
+  Tokens parsed;
+  if (!ready(self) || !parse_tokens(self, arg, &parsed)) return nullptr;
+  const int32_t* tokens = parsed.data;
+  const size_t num_tokens = parsed.count;
   const size_t num_full = num_tokens / static_cast<size_t>(self->block_size);
   std::vector<int64_t>& hashes = *self->hashes;
   hashes.resize(num_full);
