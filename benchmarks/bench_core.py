@@ -27,8 +27,10 @@ and repeats for a smoke run (about 20 s). Run from the repo root::
     PYTHONPATH=. python benchmarks/bench_core.py --profile W2
 
 The Megatron parts run this same file under ``--peers-python`` (default
-``/root/.venv-peers/bin/python``, see ``../shared/bench/README.md``) in child
-processes; they are skipped with a note when it is missing.
+``$PEERS_VENV/bin/python``, ``PEERS_VENV`` defaulting to ``~/.venv-peers``, see
+``../shared/bench/README.md``) in child processes; they are skipped with a
+note when it is missing. ``PREFIXCACHE_ENGINE=native`` (or ``python``) picks
+the engine the sections run on.
 """
 
 from __future__ import annotations
@@ -59,8 +61,10 @@ import numpy as np
 from machine import cpu_model  # benchmarks/machine.py, beside this script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PEERS_PYTHON = "/root/.venv-peers/bin/python"
-DEFAULT_HARNESS = "/work/shared/bench/run_peers.py"
+DEFAULT_PEERS_PYTHON = str(
+    Path(os.environ.get("PEERS_VENV", Path.home() / ".venv-peers")) / "bin" / "python"
+)
+DEFAULT_HARNESS = str(REPO_ROOT.parent / "shared" / "bench" / "run_peers.py")
 HASH_BASE = 1 << 62
 """Hashes used to fill the registry: ``HASH_BASE + i``, unique, positive, 63-bit
 wide like real xxh3_64 hashes (so each takes a real hash's 32 bytes)."""
