@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 
 from prefixcache import policies
 from prefixcache.serving.sim import DynamicBatchingSim, SimConfig, SimRequest, run
@@ -88,8 +89,9 @@ def step_by_hand(requests: list[SimRequest]) -> None:
 def compare_policies(requests: list[SimRequest]) -> None:
     """The same workload under each policy and pool size (replay-only policies left out)."""
     names = [name for name in policies.available() if name != "belady"]
-    header = ("policy", "blocks", "hit rate", "evicted", "pauses", "requeued", "req/s")
-    print("\n" + " ".join(f"{column:>9}" for column in header))
+    width = max(len("policy"), *map(len, names))  # names run longer than the numbers
+    header = ("blocks", "hit rate", "evicted", "pauses", "requeued", "req/s")
+    print("\n" + table_row("policy", header, width))
     for total_count in (250, 600, 2000):
         for name in names:
             config = SimConfig(
@@ -103,10 +105,20 @@ def compare_policies(requests: list[SimRequest]) -> None:
             start = time.perf_counter()
             report = run(requests, config)
             rate = len(requests) / (time.perf_counter() - start)
-            print(
-                f"{name:>9} {total_count:9,} {report.hit_rate:9.1%} {report.num_evicted_blocks:9,}"
-                f" {report.num_pauses:9,} {report.num_preemptions:9,} {rate:9,.0f}"
+            cells = (
+                f"{total_count:,}",
+                f"{report.hit_rate:.1%}",
+                f"{report.num_evicted_blocks:,}",
+                f"{report.num_pauses:,}",
+                f"{report.num_preemptions:,}",
+                f"{rate:,.0f}",
             )
+            print(table_row(name, cells, width))
+
+
+def table_row(first: str, cells: Sequence[str], width: int) -> str:
+    """One line of the policy table: ``first`` left-aligned in ``width``, cells right-aligned."""
+    return f"{first:<{width}} " + " ".join(f"{cell:>9}" for cell in cells)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,23 @@ the package, so ``prefixcache compare`` alone is a complete demo::
 Both replay the no-concurrency model of :mod:`prefixcache.tools.replay`;
 ``compare --concurrency`` replays through the dynamic-batching loop of
 ``prefixcache.serving.sim`` instead.
+
+Every argument is checked before any replay starts: the trace is read and
+parsed whole, sizes are checked against this machine's memory, the plot's
+folder must exist. A bad argument prints one line, ``prefixcache: error:
+argument --NAME: why``, and exits with status 2; a failure during a run exits
+with 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from prefixcache import policies
 from prefixcache.cluster import add_cluster_arguments, cluster_main
@@ -39,6 +47,11 @@ __all__ = ["main"]
 
 DEFAULT_CAPACITIES = (1000, 5000, 20000)
 DEFAULT_PLOT = "prefixcache_compare.png"
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+"""Formats ``--plot`` writes; a name without a suffix gets ``.png``."""
+BYTES_PER_BLOCK = 512
+"""A bound on the host memory one block of capacity costs a replay (the allocator
+measures about 185 bytes a cached block; policies, hashes and the trace add to it)."""
 
 Results = Mapping[tuple[str, int], ReplayResult | ConcurrentReplayResult]
 """Replay results by (policy, capacity)."""
@@ -51,21 +64,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: arguments without the program name (None: ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 on success, 1 when the trace or a run fails,
-        2 on bad usage (argparse exits with 2 by itself).
+        The exit status: 0 on success, 2 on a bad argument (a one-line
+        error, before any replay starts; argparse's own errors exit with 2
+        too), 1 when a run fails.
 
     Complexity: that of the replays it runs.
     """
     args = _parser().parse_args(argv)
     try:
-        return args.handler(args)
+        _check_arguments(args)
+    except _BadArgument as exc:
+        print(f"prefixcache: error: argument {exc.argument}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return int(args.handler(args))
     except PrefixCacheError as exc:
         print(f"prefixcache: error: {exc}", file=sys.stderr)
         return 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (no usage block): ``prog: error: why``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _BadArgument(Exception):
+    """An argument that parsed but cannot be used; exits with status 2."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="prefixcache",
         description="Replay a Mooncake-format request trace through the prefix cache.",
     )
@@ -74,7 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     one = commands.add_parser("replay", help="replay a trace with one policy and capacity")
     _add_trace_arguments(one)
     one.add_argument("--policy", default="lru", type=_policy_name, help="default: lru")
-    one.add_argument("--capacity", default=5000, type=_count, help="cached blocks (default: 5000)")
+    one.add_argument(
+        "--capacity", default=5000, type=_positive, help="cached blocks (default: 5000)"
+    )
     one.set_defaults(handler=_run_replay)
 
     many = commands.add_parser(
@@ -89,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     many.add_argument(
         "--capacities",
-        type=_count_list,
+        type=_positive_list,
         default=DEFAULT_CAPACITIES,
         help="comma-separated capacities in blocks (default: 1000,5000,20000)",
     )
@@ -112,22 +148,98 @@ def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace", type=Path, default=None, help="JSONL trace (default: the shipped sample)"
     )
-    parser.add_argument("--limit", type=_count, default=None, help="replay the first N requests")
+    parser.add_argument(
+        "--limit", type=_positive, default=None, help="replay the first N requests (N >= 1)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def _count(text: str) -> int:
+def _positive(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
     return value
 
 
-def _count_list(text: str) -> tuple[int, ...]:
-    return tuple(dict.fromkeys(_count(part) for part in text.split(",")))
+def _positive_list(text: str) -> tuple[int, ...]:
+    return tuple(dict.fromkeys(_positive(part) for part in text.split(",")))
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Check what argparse cannot, and load the trace, before any replay runs.
+
+    Sets ``args.trace_path``, ``args.requests`` and ``args.plot_target``.
+
+    Raises:
+        _BadArgument: naming the argument and the reason.
+    """
+    if hasattr(args, "capacity"):
+        _check_memory("--capacity", args.capacity)
+    else:
+        _check_memory("--capacities", max(args.capacities))
+    total = getattr(args, "total_capacity", None)
+    if total is not None:
+        if total < 1:
+            raise _BadArgument("--total-capacity", f"expected an int >= 1, got {total}")
+        _check_memory("--total-capacity", total)
+    args.plot_target = _plot_target(args)
+    args.trace_path, args.requests = _load(args)
+
+
+def _check_memory(argument: str, num_blocks: int) -> None:
+    needed = num_blocks * BYTES_PER_BLOCK
+    available = _physical_memory()
+    if available is not None and needed > available:
+        raise _BadArgument(
+            argument,
+            f"{num_blocks:,} blocks need about {needed / 2**30:,.1f} GiB of host memory; "
+            f"this machine has {available / 2**30:,.1f} GiB",
+        )
+
+
+def _physical_memory() -> int | None:
+    """Bytes of physical memory, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _plot_target(args: argparse.Namespace) -> Path | None:
+    """Where ``compare`` writes its plot (None: no plot), checked before the replays."""
+    if getattr(args, "handler", None) is not _run_compare or args.no_plot:
+        return None
+    if args.workers is not None:
+        return None  # the cluster table has no plot
+    if args.plot is None:
+        return Path(DEFAULT_PLOT)
+    target: Path = args.plot
+    if not target.suffix:
+        target = target.with_suffix(".png")  # what matplotlib would write: say so
+    if target.suffix.lower() not in PLOT_SUFFIXES:
+        raise _BadArgument(
+            "--plot", f"{target} has suffix {target.suffix!r}; use one of {PLOT_SUFFIXES}"
+        )
+    if not target.parent.is_dir():
+        raise _BadArgument("--plot", f"folder {target.parent} does not exist")
+    if target.is_dir():
+        raise _BadArgument("--plot", f"{target} is a folder")
+    if not _has_matplotlib():
+        raise _BadArgument(
+            "--plot", "writing a plot needs matplotlib: pip install 'prefixcache[plot]'"
+        )
+    return target
+
+
+def _has_matplotlib() -> bool:
+    try:
+        importlib.import_module("matplotlib.figure")
+    except ImportError:
+        return False
+    return True
 
 
 def _policy_name(text: str) -> str:
@@ -146,13 +258,24 @@ def _policy_list(text: str) -> tuple[str, ...]:
 def _load(args: argparse.Namespace) -> tuple[Path, list[TraceRequest]]:
     path = args.trace if args.trace is not None else sample_trace_path()
     try:
-        return path, load_mooncake_trace(path, limit=args.limit)
+        requests = load_mooncake_trace(path, limit=args.limit)
     except OSError as exc:
-        raise InvalidArgumentError(f"cannot read trace {path}: {exc.strerror or exc}") from exc
+        raise _BadArgument("--trace", f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise _BadArgument(
+            "--trace",
+            f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+            f"at offset {exc.start} of a read chunk)",
+        ) from exc
+    except InvalidArgumentError as exc:
+        raise _BadArgument("--trace", f"not a Mooncake JSONL trace: {exc}") from exc
+    if not requests:
+        raise _BadArgument("--trace", f"{path} holds no requests")
+    return path, requests
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    path, requests = _load(args)
+    path, requests = args.trace_path, args.requests
     result = replay(requests, args.capacity, args.policy, progress=not args.no_progress)
     print(f"trace:         {path} ({result.num_requests} requests)")
     print(f"policy:        {result.policy}, capacity {result.capacity} blocks")
@@ -172,7 +295,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         print("prefixcache: error: concurrency mode needs prefixcache.serving.sim", file=sys.stderr)
         return 1
     run = replay_concurrent if args.concurrency else replay
-    path, requests = _load(args)
+    path, requests = args.trace_path, args.requests
     results = {
         (name, capacity): run(requests, capacity, name, progress=not args.no_progress)
         for capacity in args.capacities
@@ -183,7 +306,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     if args.no_plot:
         return 0
     title = f"{path.name}, {'with' if args.concurrency else 'no'} concurrency"
-    return _write_plot(results, names, args.capacities, args.plot, title)
+    return _write_plot(results, names, args.capacities, args.plot_target, title)
 
 
 _MODES = {
@@ -227,15 +350,19 @@ def _write_plot(
     results: Results,
     names: Sequence[str],
     capacities: Sequence[int],
-    path: Path | None,
+    target: Path,
     title: str,
 ) -> int:
-    """Plot hit rate against capacity; without matplotlib, say so (an error if asked for)."""
+    """Plot hit rate against capacity to ``target``; without matplotlib, say so.
+
+    ``--plot`` without matplotlib was refused before the replays; only the
+    default plot is skipped with a note.
+    """
     try:
         from matplotlib.figure import Figure
     except ImportError:
         print("note: no plot written; install matplotlib (pip install 'prefixcache[plot]')")
-        return 0 if path is None else 1
+        return 0
     figure = Figure(figsize=(7, 4.5), layout="constrained")
     axes = figure.add_subplot()
     xs = sorted(capacities)
@@ -255,7 +382,6 @@ def _write_plot(
     axes.grid(True, alpha=0.3)
     axes.legend()
     axes.set_title(f"Prefix hit rate by eviction policy ({title})")
-    target = path if path is not None else Path(DEFAULT_PLOT)
     figure.savefig(target, dpi=120)
     print(f"plot written to {target}")
     return 0
