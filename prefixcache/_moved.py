@@ -54,10 +54,13 @@ class _AliasLoader(importlib.abc.Loader):
             DeprecationWarning,
             stacklevel=2,
         )
-        return importlib.import_module(self.new_name)
+        module = importlib.import_module(self.new_name)
+        self._spec = module.__spec__  # the import machinery overwrites it with the alias's
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """Nothing to run: the new module is already executed."""
+        """Nothing to run: the new module is already executed; give it back its own spec."""
+        module.__spec__ = self._spec
 
 
 class MovedModuleFinder(importlib.abc.MetaPathFinder):

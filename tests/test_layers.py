@@ -322,11 +322,6 @@ def test_an_old_module_name_imports_warns_and_is_the_new_module(
     assert any(old in message and new in message for message in messages), messages
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="importlib sets module.__spec__ to the alias's spec after create_module; "
-    "_AliasLoader.exec_module should put the new module's own spec back",
-)
 def test_importing_an_old_name_leaves_the_new_module_spec_alone(
     fresh: dict[str, dict[str, object]],
 ) -> None:

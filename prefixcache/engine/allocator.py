@@ -20,7 +20,7 @@ from prefixcache.engine.core import EngineCore
 from prefixcache.engine.events import KVEventLog
 from prefixcache.engine.kv_event_methods import KVEventMethods
 from prefixcache.engine.moe_routing import MoERoutingMethods
-from prefixcache.engine.pool import BlockPool
+from prefixcache.engine.pool import BlockPool, resolve_device
 from prefixcache.engine.prefix_hashing import (
     PrefixHashingMethods,
     max_hash_of,
@@ -107,6 +107,8 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, 
         self.config = config
         self.policy: EvictionPolicy = build_policy(config.eviction_policy)
         self.total_count = config.total_count
+        # Where device mirrors and block tables live; resolved once (None: CUDA if available).
+        self.device = resolve_device(config.device)
         self.num_usable = config.total_count - 1
         self.dummy_block_id = self.num_usable
         self.paused_count = config.paused_count

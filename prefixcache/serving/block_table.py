@@ -102,7 +102,7 @@ class BlockTable:
 
         Args:
             allocator: the allocator whose IDs the table holds (read only:
-                ``dummy_block_id`` and ``pool.device``).
+                ``dummy_block_id`` and ``device``).
             max_requests: rows, >= 1.
             max_blocks_per_request: columns, >= 1.
 
@@ -112,7 +112,7 @@ class BlockTable:
             max_requests,
             max_blocks_per_request,
             allocator.dummy_block_id,
-            allocator.pool.device,
+            allocator.device,
         )
 
     # ------------------------------------------------------------------ queries
