@@ -55,6 +55,13 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+settings.register_profile(
+    "native-sanitize",
+    max_examples=8,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 PROFILE = settings.get_profile(os.environ.get("PREFIXCACHE_NATIVE_PROFILE", "native-ci"))
 
 
