@@ -1,15 +1,14 @@
 """Eviction order of ``protected_lru``: reused prefixes outlive one-off ones, across evictions.
 
-The shared contract (tracking, ``evict(n)`` sizes, a random action table) runs
-over every registered policy in ``test_policies.py``; this file checks what
-makes this one different.
+The shared laws run over every built-in policy in ``test_policy_orders.py``
+and ``test_contract.py``; this file checks what makes this one different.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from prefixcache.policies import ProtectedLRUPolicy
+from prefixcache.policies import EvictionPolicy, ProtectedLRUPolicy
 
 from prefixcache import KVBlockAllocator
 from prefixcache.serving.trace import TraceRequest
@@ -97,14 +96,26 @@ def test_a_recycled_block_id_does_not_inherit_the_old_stay() -> None:
     assert not policy.is_protected(1)
 
 
-def test_a_victim_put_back_unchanged_keeps_its_class_and_place() -> None:
+def test_a_victim_put_back_by_abort_keeps_its_class_and_place() -> None:
+    policy = ProtectedLRUPolicy()
+    insert(policy, 1, last_access=1, block_hash=77)
+    insert(policy, 2, last_access=2)
+    policy.begin()
+    assert policy.evict(1) == [1]
+    policy.abort()  # a failed engine call
+    assert not policy.is_protected(1)
+    assert policy.eviction_order() == [1, 2]
+    assert policy.remembered_uses(77) == 0
+
+
+def test_a_victim_inserted_again_outside_a_transaction_is_a_returning_prefix() -> None:
     policy = ProtectedLRUPolicy()
     insert(policy, 1, last_access=1, block_hash=77)
     insert(policy, 2, last_access=2)
     assert policy.evict(1) == [1]
-    insert(policy, 1, last_access=1, block_hash=77)  # a rollback: the same arguments
-    assert not policy.is_protected(1)
-    assert policy.eviction_order() == [1, 2]
+    insert(policy, 1, last_access=1, block_hash=77)  # computed again: its earlier use counts
+    assert policy.is_protected(1)
+    assert policy.eviction_order() == [2, 1]
 
 
 def test_touch_protects_and_refreshes() -> None:
@@ -187,14 +198,37 @@ def _returning_prefix_is_protected(policy: ProtectedLRUPolicy, observe: bool) ->
     return policy.is_protected(prefix_id)
 
 
-class _WithoutHook:
-    """Delegates the policy protocol to ``policy`` but hides ``on_register``."""
+class _WithoutHook(EvictionPolicy):
+    """Delegates to ``policy``, transactions included, but keeps the default ``on_register``."""
 
     def __init__(self, policy: ProtectedLRUPolicy) -> None:
         self._policy = policy
-        self.retains_unreferenced = policy.retains_unreferenced
-        for name in ("insert", "discard", "touch", "evict", "clear"):
-            setattr(self, name, getattr(policy, name))
+
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
+        self._policy.insert(block_id, block_hash, last_access, num_accesses, depth)
+
+    def discard(self, block_id: int) -> None:
+        self._policy.discard(block_id)
+
+    def touch(self, block_id: int, now: int) -> None:
+        self._policy.touch(block_id, now)
+
+    def evict(self, num_blocks: int) -> list[int]:
+        return self._policy.evict(num_blocks)
+
+    def clear(self) -> None:
+        self._policy.clear()
+
+    def begin(self) -> None:
+        self._policy.begin()
+
+    def commit(self) -> None:
+        self._policy.commit()
+
+    def abort(self) -> None:
+        self._policy.abort()
 
     def __len__(self) -> int:
         return len(self._policy)

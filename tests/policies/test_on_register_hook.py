@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from prefixcache.policies import LRUPolicy, ObservesRegistrations
+from prefixcache.policies import LRUPolicy, has_hook
 
 from prefixcache import KVBlockAllocator, compute_block_hashes
 
@@ -33,9 +33,12 @@ def make(policy: Any) -> KVBlockAllocator:
     )
 
 
-def test_the_protocol_recognises_the_hook() -> None:
-    assert isinstance(ObservingLRU(), ObservesRegistrations)
-    assert not isinstance(LRUPolicy(), ObservesRegistrations)
+def test_the_base_class_tells_an_overridden_hook_from_its_default() -> None:
+    assert has_hook(ObservingLRU(), "on_register")
+    assert not has_hook(LRUPolicy(), "on_register")
+    assert LRUPolicy().on_register([1, 2], 0) is None  # the default does nothing
+    with pytest.raises(ValueError, match="not an optional hook"):
+        has_hook(LRUPolicy(), "insert")
 
 
 def test_runs_arrive_with_the_depth_of_their_first_block() -> None:

@@ -1,23 +1,18 @@
-"""Rollback of policy calls: the journal's inverse calls restore a policy exactly.
+"""Abort restores a policy's whole state: every field, not only the eviction order.
 
-``prefixcache.engine.journal.PolicyJournal`` takes back a failed allocator call's
-policy calls, newest first: an inserted leaf is discarded, a discarded or
-evicted leaf inserted again with the arguments it had, a touched leaf
-discarded and inserted with its old arguments. A seeded cache model drives
-each policy as the allocator does (hand-out counts and a clock that ticks on
-every allocation, hit and touch) and, at random points, makes an
-allocator-shaped call and takes it back that way. The policy's whole state
-(its fields, compared recursively; heaps, whose layout depends on lazy
-deletion, through the eviction order) must equal a copy taken before, and a
-twin that never saw the aborted calls must choose the same victims to the
-end.
+An engine operation opens a policy transaction (``begin``), makes its calls,
+and commits, or aborts when anything failed. A seeded cache model drives each
+policy as the engine does (hand-out counts and a clock that ticks on every
+allocation, hit and touch) and, at random points, makes an engine-shaped call
+inside a transaction and aborts it. The policy's whole state (its fields,
+compared recursively; heaps, whose layout depends on lazy deletion, through
+the eviction order) must equal a copy taken before, and a twin that never saw
+the aborted calls must choose the same victims to the end.
 
-Call shapes are the allocator's: an eviction (``evict(1)`` victims
-interleaved with inserts of exposed parents or new leaves), a hit (discards),
-a touch, a release (inserts). A release taken back (its inserts discarded)
-is the same call sequence as a hit right after a release; the journal's
-closing ``on_rollback`` signal (``policies.ObservesRollbacks``) tells the
-policies with an undo log to undo those inserts too.
+Call shapes are the engine's: an eviction (``evict(1)`` victims interleaved
+with inserts of exposed parents or new leaves), a hit (discards), a touch, a
+release (inserts), and a mix of them in one transaction (which the inverse
+calls of the old protocol could not take back exactly).
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from prefixcache.policies import ObservesRollbacks
-from prefixcache.policies.undo import LinkedMap, UndoLog
+from prefixcache.policies.linked_map import LinkedMap
 from sortedcontainers import SortedList
 
 from prefixcache import KVBlockAllocator, policies
@@ -47,7 +41,7 @@ NAMES = [
     "priority",
     "protected_lru",
 ]
-"""LRU needs no undo log: its order is a function of the insert arguments; the rest have one."""
+"""Every online built-in policy that tracks leaves."""
 
 STEPS = 300
 SMALL = {
@@ -59,8 +53,9 @@ SMALL = {
 }
 """Small histories and fast learning, so trimming, refreshes and ghost hits happen often."""
 
-# Fields whose layout depends on lazy deletion; their content shows in the eviction order.
-LAYOUT_ONLY = {"_heap", "_heaps", "_num_keys", "_records", "_num_paired", "_limit", "_trim_at"}
+# Fields whose layout depends on lazy deletion (their content shows in the eviction order),
+# and the transaction's undo log itself (None before begin and after abort).
+LAYOUT_ONLY = {"_heap", "_heaps", "_num_keys", "_txn_undo"}
 
 
 def make(name: str) -> Any:
@@ -137,15 +132,10 @@ class Cache:
         return block_id
 
 
-Journal = list[tuple[str, int]]
-"""What the journal records of a call: ("inserted" | "removed" | "touched", block ID)."""
-
-
 @dataclass
 class Calls:
-    """The policy calls of one allocator call, as the journal and a replay need them."""
+    """The policy calls of one engine call, as a replay needs them, and their effect."""
 
-    journal: Journal = field(default_factory=list)
     made: list[tuple[str, tuple[Any, ...], Any]] = field(default_factory=list)
     commits: list[Callable[[], None]] = field(default_factory=list)
 
@@ -157,13 +147,11 @@ class Calls:
 
 def insert_op(cache: Cache, calls: Calls, block_id: int) -> None:
     calls.call(cache.policy, "insert", block_id, *cache.args[block_id])
-    calls.journal.append(("inserted", block_id))
     calls.commits.append(lambda: cache.held.discard(block_id))
 
 
 def hit_op(cache: Cache, calls: Calls, block_id: int) -> None:
     calls.call(cache.policy, "discard", block_id)
-    calls.journal.append(("removed", block_id))
 
     def commit() -> None:
         cache.clock += 1
@@ -178,7 +166,6 @@ def touch_op(cache: Cache, calls: Calls, block_ids: list[int]) -> None:
     now = cache.clock + 1
     for block_id in block_ids:
         calls.call(cache.policy, "touch", block_id, now)
-        calls.journal.append(("touched", block_id))
 
     def commit() -> None:
         cache.clock = now
@@ -191,7 +178,6 @@ def touch_op(cache: Cache, calls: Calls, block_ids: list[int]) -> None:
 
 def evict_op(cache: Cache, calls: Calls) -> None:
     for block_id in calls.call(cache.policy, "evict", 1):
-        calls.journal.append(("removed", block_id))
 
         def commit(block_id: int = block_id) -> None:
             cache.gone_hashes.append(cache.args.pop(block_id)[0])
@@ -200,9 +186,16 @@ def evict_op(cache: Cache, calls: Calls) -> None:
         calls.commits.append(commit)
 
 
-def allocator_call(cache: Cache, shape: str) -> Calls:
-    """Make one allocator-shaped call of ``shape`` (evict, hit, touch or release)."""
+def engine_call(cache: Cache, shape: str) -> Calls:
+    """Make one engine-shaped call of ``shape`` (evict, hit, touch, release or mixed)."""
     rng, calls = cache.rng, Calls()
+    if shape == "mixed":  # each part sees the model as the parts before it left it
+        for part in rng.sample(["evict", "hit", "touch", "release"], rng.randint(2, 4)):
+            more = engine_call(cache, part)
+            calls.made += more.made
+            for commit in more.commits:
+                commit()
+        return calls
     tracked = cache.tracked()
     inserted: set[int] = set()
     if shape == "evict":
@@ -230,27 +223,13 @@ def allocator_call(cache: Cache, shape: str) -> Calls:
     return calls
 
 
-def roll_back(cache: Cache, journal: Journal) -> None:
-    """The journal's inverse calls, newest first, with the unchanged block arguments.
-
-    Then, as the allocator's journal does after replaying at least one, the
-    ``on_rollback`` signal to a policy that observes rollbacks.
-    """
-    for what, block_id in reversed(journal):
-        if what != "removed":
-            cache.policy.discard(block_id)
-        if what != "inserted":
-            cache.policy.insert(block_id, *cache.args[block_id])
-    if journal and isinstance(cache.policy, ObservesRollbacks):
-        cache.policy.on_rollback()
-
-
 def run(name: str, seed: int, aborted_shapes: list[str]) -> int:
-    """Drive ``name``, taking back a call of ``aborted_shapes`` now and then.
+    """Drive ``name``, aborting a call of ``aborted_shapes`` now and then.
 
-    A twin policy replays only the committed calls and must return the same
-    victims; after each rollback the policy's state must equal a copy taken
-    before the aborted call. Returns how many non-empty calls were taken back.
+    A twin policy replays only the committed calls, outside any transaction,
+    and must return the same victims; after each abort the policy's state
+    must equal a copy taken before the aborted call. Returns how many
+    non-empty calls were aborted.
     """
     rng = random.Random(seed)
     cache = Cache(make(name), rng)
@@ -259,13 +238,21 @@ def run(name: str, seed: int, aborted_shapes: list[str]) -> int:
     for _ in range(STEPS):
         if rng.random() < 0.4:
             before = copy.deepcopy(cache.policy)
+            model = copy.deepcopy([cache.clock, cache.args, cache.held, cache.free])
+            model += [list(cache.gone_hashes), cache.next_hash]
             shape = rng.choice(aborted_shapes)
-            calls = allocator_call(cache, shape)
-            roll_back(cache, calls.journal)
+            cache.policy.begin()
+            calls = engine_call(cache, shape)
+            cache.policy.abort()
+            cache.clock, cache.args, cache.held, cache.free, cache.gone_hashes, cache.next_hash = (
+                model
+            )
             assert state(cache.policy) == state(before), (shape, calls.made)
             assert eviction_order(cache.policy) == eviction_order(before), (shape, calls.made)
-            num_checked += bool(calls.journal)
-        calls = allocator_call(cache, rng.choice(["evict", "hit", "touch", "release", "release"]))
+            num_checked += bool(calls.made)
+        cache.policy.begin()
+        calls = engine_call(cache, rng.choice(["evict", "hit", "touch", "release", "release"]))
+        cache.policy.commit()
         for method, args, result in calls.made:
             assert getattr(twin, method)(*args) == result, (method, args)
         for commit in calls.commits:
@@ -277,20 +264,23 @@ def run(name: str, seed: int, aborted_shapes: list[str]) -> int:
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("seed", range(3))
-def test_taking_back_an_eviction_hit_or_touch_restores_the_whole_state(
-    name: str, seed: int
-) -> None:
+def test_aborting_an_eviction_hit_or_touch_restores_the_whole_state(name: str, seed: int) -> None:
     assert run(name, seed, ["evict", "hit", "touch"]) > 50
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_taking_back_a_release_restores_the_whole_state(name: str) -> None:
+def test_aborting_a_release_restores_the_whole_state(name: str) -> None:
     assert run(name, 7, ["release"]) > 50
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_aborting_a_mix_of_every_shape_restores_the_whole_state(name: str) -> None:
+    assert run(name, 11, ["mixed"]) > 50
+
+
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("seed", [29, 31])
-def test_taking_back_calls_of_every_shape_keeps_the_twin_in_step(name: str, seed: int) -> None:
+def test_aborting_calls_of_every_shape_keeps_the_twin_in_step(name: str, seed: int) -> None:
     """Releases mixed with the other shapes: these seeds once made ``hazard`` diverge.
 
     A release taken back left a heap entry with the same key as its block's
@@ -299,20 +289,20 @@ def test_taking_back_calls_of_every_shape_keeps_the_twin_in_step(name: str, seed
     assert run(name, seed, ["evict", "hit", "touch", "release"]) > 50
 
 
-def test_without_the_rollback_signal_a_release_taken_back_is_a_hit_after_a_release() -> None:
-    """The same calls, insert then discard: without ``on_rollback`` the ghost hit stays."""
+def test_an_insert_then_a_discard_outside_a_transaction_is_a_hit_after_a_release() -> None:
+    """The same calls as a release taken back; outside a transaction the ghost hit stays."""
     policy = policies.get("arc")
     policy.insert(1, 10, 1, 1, 0)
     policy.insert(2, 20, 2, 1, 0)
     assert policy.evict(1) == [1]  # hash 10 is now a B1 ghost
     share = policy.recency_share
     policy.insert(3, 10, 3, 1, 0)  # a ghost hit raises p
-    policy.discard(3)  # a hit, as far as the policy can tell
+    policy.discard(3)  # a hit
     assert policy.recency_share > share
 
 
 def test_a_failed_release_through_the_allocator_gives_back_the_ghost_hit() -> None:
-    """The journal's ``on_rollback`` makes ARC forget the aborted insert's ghost hit."""
+    """The engine aborts the release's transaction: ARC forgets the insert's ghost hit."""
     policy = policies.get("arc")
     allocator = KVBlockAllocator(
         total_count=4, block_size_tokens=2, device="cpu", eviction_policy=policy
@@ -335,11 +325,12 @@ def test_a_failed_release_through_the_allocator_gives_back_the_ghost_hit() -> No
         allocator.release_memory_blocks(again)
     assert policy.recency_share == before.recency_share
     assert state(policy) == state(before)
+    assert not policy.in_transaction
     allocator.check_invariants()
 
 
-def test_priority_eviction_taken_back_gives_back_the_entries_it_expired() -> None:
-    """With a clock, ``evict`` expires what came due; the put-back of its victim restores it."""
+def test_priority_eviction_aborted_gives_back_the_entries_it_expired() -> None:
+    """With a clock, ``evict`` expires what came due; the abort puts the entry back."""
     now = [0]
     policy = policies.get("priority", clock=lambda: now[0])
     policy.set_retention(10, priority=90, expires_at=5)
@@ -347,37 +338,52 @@ def test_priority_eviction_taken_back_gives_back_the_entries_it_expired() -> Non
     policy.insert(2, 20, 2, 1, 0)
     before = copy.deepcopy(policy)
     now[0] = 5
+    policy.begin()
     assert policy.evict(1) == [1]  # hash 10 fell back to the default: block 1 is older
-    policy.insert(1, 10, 1, 1, 0)  # the journal puts the victim back
-    policy.on_rollback()
+    policy.abort()
     assert state(policy) == state(before)
     assert policy.evict(2) == [1, 2]  # the entry, still due, expires again
 
 
-def test_priority_set_retention_drops_the_undo_records() -> None:
-    """A retention change cannot be taken back, nor can the calls before it."""
+def test_priority_set_retention_is_final_outside_a_transaction_and_undone_inside() -> None:
     policy = policies.get("priority")
     policy.set_retention(10, priority=90, expires_at=3)
     policy.insert(1, 10, 5, 1, 0)  # the clock seen reaches 5: the entry expires
     policy.set_retention(10, priority=80, expires_at=None)
     policy.discard(1)
-    policy.on_rollback()  # would otherwise take the insert back, expiry and all
+    policy.abort()  # no transaction: nothing to take back
     assert policy.priority_of(10) == 80
+    policy.insert(1, 10, 6, 1, 0)
+    before = copy.deepcopy(policy)
+    policy.begin()
+    policy.set_retention(10, priority=20, expires_at=7)
+    policy.set_retention(30, priority=60, expires_at=None)
+    policy.touch(1, 8)  # the clock passes 7: hash 10's new entry expires too
+    assert policy.priority_of(10) == 35
+    policy.abort()
+    assert policy.priority_of(10) == 80 and policy.priority_of(30) == 35
+    assert state(policy) == state(before)
 
 
-def test_protected_lru_registration_hook_drops_the_undo_records() -> None:
-    """A history entry the hook moves would break the links a record keeps: no undo past it."""
+def test_protected_lru_registration_hook_is_undone_by_abort() -> None:
+    """Outside a transaction the hook's history move is final; inside, abort takes it back."""
     policy = policies.get("protected_lru", history_capacity=2)
     for block_id in (1, 2, 3):
         policy.insert(block_id, block_id * 10, block_id, 1, 0)
     assert policy.evict(3) == [1, 2, 3]  # history 20, 30: hash 10 pushed out
+    before = copy.deepcopy(policy)
+    policy.begin()
     policy.on_register([20], first_depth=0)  # history 30, 20
-    policy.insert(3, 30, 3, 1, 0)  # not a put-back now: hash 30 returns with its use
+    assert list(policy._history) == [30, 20]
+    policy.abort()
+    assert list(policy._history) == [20, 30] and state(policy) == state(before)
+    policy.on_register([20], first_depth=0)  # outside: final
+    policy.insert(3, 30, 3, 1, 0)  # hash 30 returns with its use
     assert policy.is_protected(3)
     assert list(policy._history) == [20] and policy.remembered_uses(20) == 1
 
 
-def test_an_evicted_leaf_put_back_after_an_empty_evict_and_a_discard_is_not_an_undo() -> None:
+def test_an_evicted_leaf_inserted_again_after_an_empty_evict_and_a_discard_is_new() -> None:
     """A leaf discarded when it gained a child, re-inserted after the child's subtree went."""
     policy = policies.get("lfu")
     policy.insert(1, 10, 1, 1, 0)
@@ -407,10 +413,15 @@ def test_linked_map_puts_removed_entries_back_in_place() -> None:
     assert list(ghosts) == [1, 2, 3, 4] and ghosts.get(1) == 11 and len(ghosts) == 4
 
 
-def test_undo_log_memory_is_bounded_by_the_largest_block_id() -> None:
-    policy = policies.get("lfu")
-    for step in range(5_000):  # releases and evictions only: no boundary drops records
+@pytest.mark.parametrize("name", NAMES)
+def test_nothing_is_recorded_outside_a_transaction_and_commit_drops_the_log(name: str) -> None:
+    policy = make(name)
+    for step in range(500):  # releases and evictions, no transaction
         policy.insert(step % 10, step, step, 1, 0)
         policy.evict(1)
-    log: UndoLog = policy._undo
-    assert len(log._records) <= 1.5 * 64
+    assert policy._txn_undo is None
+    policy.begin()
+    policy.insert(1, 10_000, 600, 1, 0)
+    assert policy._txn_undo  # something to undo
+    policy.commit()
+    assert policy._txn_undo is None and 1 in policy

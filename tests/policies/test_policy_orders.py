@@ -1,12 +1,12 @@
-"""Every eviction policy against one contract, then each policy's own order.
+"""Basic tracking of every registered policy, then each built-in policy's own order.
 
-The contract (what the allocator relies on): ``insert`` tracks a block,
+The tracking checks (what the engine relies on): ``insert`` tracks a block,
 ``discard`` and ``evict`` stop tracking it, ``evict(n)`` returns
 ``min(n, len)`` distinct tracked blocks, ``clear`` empties, ``touch`` and
-``discard`` work on tracked blocks. It runs over every registered policy that
+``discard`` work on tracked blocks. They run over every registered policy that
 tracks blocks (belady needs an injected future, ref_zero tracks nothing and
 has its own test), driven by a seeded random action table checked against a
-set model.
+set model. The full laws, transactions included, are in ``test_contract.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from prefixcache.policies import (
     ReuseLRUPolicy,
     S3FIFOPolicy,
     SLRUPolicy,
-    SupportsRetention,
+    has_hook,
 )
 
 from prefixcache import policies
@@ -115,7 +115,7 @@ def test_random_action_table_matches_a_set_model(policy) -> None:
 
 def test_ref_zero_tracks_nothing() -> None:
     policy = policies.get("ref_zero")
-    assert not policy.retains_unreferenced
+    assert not policy.retains_unreferenced  # deprecated: the config's alias reads it
     assert policy.evict(3) == [] and len(policy) == 0 and 1 not in policy
 
 
@@ -255,8 +255,10 @@ class FakeClock:
 
 
 def test_priority_is_a_retention_policy() -> None:
-    assert isinstance(PriorityPolicy(), SupportsRetention)
-    assert not isinstance(policies.get("lru"), SupportsRetention)
+    assert has_hook(PriorityPolicy(), "set_retention")
+    assert not has_hook(policies.get("lru"), "set_retention")
+    with pytest.raises(NotImplementedError, match="no retention priorities"):
+        policies.get("lru").set_retention(1000, 90, None)
 
 
 def test_priority_pinned_blocks_go_last_lru_within_a_priority() -> None:

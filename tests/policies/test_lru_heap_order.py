@@ -1,9 +1,11 @@
-"""Tests of policies.lru.LRUPolicy written to kill mutants that survived the main suite.
+"""LRU's lazy-deletion heap: the order and the memory bound survive rebuilds and aborts.
 
-The main suite never touched a leaf often enough to rebuild the lazy-deletion
-heap, so a broken rebuild went unnoticed; these tests drive the policy past
-the rebuild threshold and check the eviction order and the memory bound the
-class docstring promises.
+Written first to kill mutants that survived the main suite (it never touched
+a leaf often enough to rebuild the heap, so a broken rebuild went
+unnoticed): these tests drive the policy past the rebuild threshold and check
+the eviction order and the memory bound the class docstring promises. An
+abort pushes old keys back onto a heap that may still hold them as stale
+entries; the duplicates must never yield a victim twice.
 """
 
 from __future__ import annotations
@@ -99,3 +101,19 @@ def test_evicts_first_skips_stale_entries() -> None:
     policy.discard(2)  # only block 1, last touched at 10, is live
     assert policy.evicts_first(3, 1003, last_access=7, num_accesses=1, depth=0)
     assert policy.evict(2) == [1]
+
+
+def test_an_abort_across_heap_rebuilds_restores_the_order_without_duplicate_victims() -> None:
+    policy = LRUPolicy()
+    for block_id in range(4):
+        _insert(policy, block_id, last_access=block_id)
+    policy.begin()
+    for now in range(10, 410):  # rebuilds the heap several times inside the transaction
+        policy.touch(now % 3, now)
+    assert policy.evict(2) == [3, 2]
+    policy.discard(0)
+    policy.abort()
+    assert policy.eviction_order() == [0, 1, 2, 3]
+    assert len(policy._heap) > len(policy)  # old keys pushed back beside stale ones
+    assert policy.evict(10) == [0, 1, 2, 3]
+    assert len(policy) == 0 and policy.evict(1) == []

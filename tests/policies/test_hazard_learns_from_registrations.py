@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prefixcache.policies import HazardPolicy, ObservesRegistrations
+import copy
+
+from prefixcache.policies import HazardPolicy, has_hook
 
 
 def _next_victim(returns_registered: bool) -> int:
@@ -32,7 +34,7 @@ def _next_victim(returns_registered: bool) -> int:
 
 
 def test_hazard_observes_registrations() -> None:
-    assert isinstance(HazardPolicy(), ObservesRegistrations)
+    assert has_hook(HazardPolicy(), "on_register")
 
 
 def test_returns_seen_at_registration_make_their_class_worth_keeping() -> None:
@@ -61,3 +63,21 @@ def test_a_returned_use_count_survives_a_history_too_short_for_the_wait() -> Non
     policy.clear()
     policy.insert(4, 77, 3, 1, 0)
     assert policy._stays[4].num_uses == 1
+
+
+def test_what_a_registration_taught_is_taken_back_by_abort() -> None:
+    """Inside a transaction the hook is undone too: history, returned counts and statistics."""
+    policy = HazardPolicy(history_capacity=1)
+    policy.insert(1, 77, 0, 3, 0)
+    policy.insert(2, 66, 0, 1, 0)
+    policy.evict(2)  # 77 is dropped from a history of one; 66 is remembered
+    policy.insert(5, 55, 1, 1, 0)
+    policy.evict(1)  # 55 pushes 66 out
+    before = copy.deepcopy(policy)
+    policy.begin()
+    policy.on_register([55, 99], first_depth=0)
+    assert len(policy._returned) == 1 and len(policy._history) == 0
+    policy.abort()
+    assert list(policy._history) == list(before._history) == [55]
+    assert len(policy._returned) == 0
+    assert policy._reuses == before._reuses and policy._entered == before._entered

@@ -1,8 +1,7 @@
 """Eviction order of the adaptive policies: ARC and the learned reuse hazard.
 
-The shared contract (tracking, ``evict(n)`` sizes, a random action table) runs
-over these policies in ``test_policies.py``; this file checks what makes each
-one different.
+The shared laws run over these policies in ``test_policy_orders.py`` and
+``test_contract.py``; this file checks what makes each one different.
 """
 
 from __future__ import annotations

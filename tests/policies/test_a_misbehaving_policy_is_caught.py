@@ -1,4 +1,8 @@
-"""A policy that breaks its contract is caught: InvariantError, and the allocator unchanged."""
+"""A policy that breaks its contract is caught: InvariantError, and the allocator unchanged.
+
+The engine aborts the policy's transaction on the way out, so the policy is
+as it was too (its victims put back).
+"""
 
 from __future__ import annotations
 
@@ -59,6 +63,7 @@ def test_a_policy_claiming_no_leaves_while_one_is_cached(
     with pytest.raises(InvariantError, match="has no leaf to evict"):
         allocator.allocate_memory_blocks(1)
     assert digest(allocator) == before
+    assert not policy.in_transaction  # the engine aborted the policy's transaction
 
 
 def test_a_policy_that_lost_a_leaf_below_a_pinned_block(
@@ -73,6 +78,7 @@ def test_a_policy_that_lost_a_leaf_below_a_pinned_block(
     with pytest.raises(InvariantError, match="holds 1 cached block"):
         allocator.allocate_memory_blocks(1)
     assert digest(allocator) == before
+    assert not policy.in_transaction  # the engine aborted the policy's transaction
     policy.forget = False  # the same state with an honest policy evicts the leaf
     assert allocator.allocate_memory_blocks(1).tolist() == [leaf]
 
@@ -92,3 +98,4 @@ def test_a_victim_that_is_not_a_cached_leaf_is_refused(
     with pytest.raises(InvariantError, match="not one cached leaf"):
         allocator.allocate_memory_blocks(1)
     assert digest(allocator) == before
+    assert not policy.in_transaction  # the engine aborted the policy's transaction

@@ -8,7 +8,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prefixcache.policies import PredictsNextVictim
+from prefixcache.policies import has_hook
 
 from prefixcache import policies
 
@@ -16,12 +16,19 @@ PREDICTING = [
     name
     for name in policies.available()
     if name != "belady"  # needs the future; its order never uses the prediction
-    and isinstance(policies.get(name), PredictsNextVictim)
+    and has_hook(policies.get(name), "evicts_first")
 ]
 
 
 def test_lru_and_fifo_predict() -> None:
     assert {"lru", "fifo"} <= set(PREDICTING)
+
+
+def test_the_default_predicts_nothing() -> None:
+    policy = policies.get("arc")
+    assert not has_hook(policy, "evicts_first")
+    policy.insert(1, 101, 5, 1, 0)
+    assert policy.evicts_first(2, 102, 1, 1, 0) is False  # it would be, but no prediction
 
 
 @pytest.mark.parametrize("name", PREDICTING)
