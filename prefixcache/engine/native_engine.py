@@ -15,6 +15,7 @@ and the allocator runs on the Python engine.
 
 from __future__ import annotations
 
+import os
 import warnings
 from types import ModuleType
 
@@ -49,16 +50,19 @@ def native_unavailable_reason() -> str | None:
 
 
 def warn_if_unavailable() -> None:
-    """Warn once per process that the native engine is missing and Python runs instead."""
+    """Warn once per process that the native engine is missing and Python runs instead.
+
+    Silent when ``PREFIXCACHE_ENGINE=python`` asks for the Python engine anyway.
+    """
     global _warned
-    if _native is None and not _warned:
+    if _native is None and not _warned and os.environ.get("PREFIXCACHE_ENGINE") != "python":
         _warned = True
         warnings.warn(
             "prefixcache: the native engine (prefixcache.engine._native) is not built "
             f"({_IMPORT_ERROR}); running the pure-Python engine, which is several times "
             "slower. Reinstall with a C++17 compiler (g++ or clang++) to build it.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=2,
         )
 
 
@@ -223,3 +227,6 @@ class NativeEngine:
     def memory_bytes(self) -> int:
         """Host bytes the native state holds. Complexity: O(1)."""
         return int(self.core.memory_bytes())
+
+
+warn_if_unavailable()  # once, when prefixcache is imported
