@@ -27,6 +27,7 @@ VLLM_STORED_KEYS = [
     "lora_id",
     "medium",
     "lora_name",
+    "group_idx",
 ]
 
 
@@ -112,6 +113,7 @@ def test_round_trip_vllm_encoding(context: zmq.Context) -> None:
         "lora_id": None,
         "medium": "GPU",
         "lora_name": None,
+        "group_idx": 0,
     }
     assert removed == {"type": "BlockRemoved", "block_hashes": [12], "medium": "GPU"}
     assert msgspec.msgpack.decode(payload2)[1] == [{"type": "AllBlocksCleared"}]

@@ -325,7 +325,7 @@ def test_cli_compare_without_matplotlib_still_prints_the_table(
     out = capsys.readouterr().out
     assert "| belady | 30 |" in out
     assert "note: no plot written; install matplotlib" in out
-    assert main([*argv, "--plot", "out.png"]) == 1
+    assert main([*argv, "--plot", "out.png"]) == 2
     assert list(tmp_path.iterdir()) == []
 
 
@@ -353,10 +353,10 @@ def test_cli_errors(
 ) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(f"{LINE}\nnot json\n")
-    assert main(["replay", "--trace", str(bad)]) == 1
+    assert main(["replay", "--trace", str(bad)]) == 2
     assert "line 2: not valid JSON" in capsys.readouterr().err
-    assert main(["replay", "--trace", str(tmp_path / "missing.jsonl")]) == 1
-    assert "cannot read trace" in capsys.readouterr().err
+    assert main(["replay", "--trace", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
         main(["replay", "--policy", "no_such_policy"])
     assert info.value.code == 2
