@@ -1,0 +1,380 @@
+"""TieredCache: a device allocator with a host tier behind it.
+
+The device pool (:class:`~prefixcache.KVBlockAllocator`) forgets a block's
+hash when it evicts it. Its K/V bytes stay in device memory until the block's
+next owner writes them, so the moment to save them is the hand-out: this
+class remembers which hash each block it registered held, and when the
+allocator hands such a block out again, it queues a copy of the block to a
+host slot (a *demotion*) before the caller gets the block. A prefix match
+that runs past the device's blocks into hashes the host tier holds allocates
+device blocks for them, registers them, and queues host -> device copies (a
+*promotion*). Copies are only queued (:meth:`TieredCache.take_transfer`);
+:class:`~prefixcache.tiers.transfer.KVTransfer` runs them off the scheduling
+thread's critical path. The host tier is inclusive: a promoted hash stays in
+host memory, so evicting it from the device again copies nothing.
+
+Everything goes through the allocator's public API, so both engines serve
+under it unchanged. The one rule: every block hand-out and registration of
+this allocator goes through this class (a block handed out behind its back
+could be demoted with another owner's K/V). See DESIGN.md, "Tiers".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.engine.block_ids import BlockIdsLike, to_block_ids
+from prefixcache.engine.events import KVCacheEvent
+from prefixcache.engine.prefix_hashing import max_hash_of, to_hash, to_hash_list
+from prefixcache.engine.stats import AllocatorStats
+from prefixcache.engine.validation import require_int
+from prefixcache.errors import ConfigError, InvalidArgumentError
+from prefixcache.tiers.epochs import WeightEpochs
+from prefixcache.tiers.host import HostTier, HostTierStats
+from prefixcache.tiers.transfer import DEMOTE, PROMOTE, TransferPlan
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """What a device block registered through the tier holds (while it may still hold it)."""
+
+    block_hash: int
+    parent_hash: int | None
+    depth: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TieredMatch:
+    """The result of :meth:`TieredCache.match`.
+
+    Attributes:
+        block_ids: int32 IDs of the whole matched prefix, each with one active
+            reference for the caller: device hits, then promoted blocks.
+        num_device_blocks: how many came from the device pool.
+        num_host_blocks: how many were promoted from the host tier (their
+            K/V arrives with the copies of :meth:`TieredCache.take_transfer`).
+        plan: the copies this match queued (demotions of the blocks it
+            allocated, then its promotions); already in the tier's queue.
+    """
+
+    block_ids: np.ndarray
+    num_device_blocks: int
+    num_host_blocks: int
+    plan: TransferPlan
+
+
+@dataclass(frozen=True, slots=True)
+class TieredStats:
+    """Counts per tier, plain values (``as_dict`` for JSON)."""
+
+    device: AllocatorStats
+    host: HostTierStats
+    num_demoted_blocks: int
+    num_promoted_blocks: int
+    weight_epoch: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """Nested plain dicts: ``{"device": {...}, "host": {...}, ...}``."""
+        return {
+            "device": self.device.as_dict(),
+            "host": self.host.as_dict(),
+            "num_demoted_blocks": self.num_demoted_blocks,
+            "num_promoted_blocks": self.num_promoted_blocks,
+            "weight_epoch": self.weight_epoch,
+        }
+
+
+class TieredCache:
+    """Device blocks with a host tier behind them: demotion on eviction, promotion on match.
+
+    Methods by purpose:
+
+    - Allocation: :meth:`allocate`, :meth:`release`.
+    - Prefix reuse: :meth:`match`, :meth:`register`.
+    - Copies: :meth:`take_transfer` (the queued demotions and promotions, in order).
+    - Weights: :meth:`begin_weight_epoch`, :attr:`epochs`.
+    - Introspection: :meth:`stats`, :meth:`take_events`, :meth:`check`.
+
+    Not thread-safe: one scheduler thread owns it, its allocator and its host tier.
+
+    Args:
+        allocator: the device pool; prefix caching on.
+        host: the host tier's bookkeeping (its slots match a
+            :class:`~prefixcache.tiers.transfer.HostKVStore`).
+        epochs: weight epochs shared with whoever hashes prompts (default: a new one).
+        reclaim_per_call: retired-epoch host entries dropped per :meth:`allocate`, >= 0.
+
+    Raises:
+        ConfigError: prefix caching is off, or a bad argument.
+    """
+
+    def __init__(
+        self,
+        allocator: KVBlockAllocator,
+        host: HostTier,
+        *,
+        epochs: WeightEpochs | None = None,
+        reclaim_per_call: int = 8,
+    ) -> None:
+        if not isinstance(allocator, KVBlockAllocator):
+            raise ConfigError(f"allocator must be a KVBlockAllocator, got {type(allocator)}")
+        if not allocator.enable_prefix_caching:
+            raise ConfigError("a host tier needs prefix caching on the device allocator")
+        if not isinstance(host, HostTier):
+            raise ConfigError(f"host must be a HostTier, got {type(host).__name__}")
+        self.allocator = allocator
+        self.host = host
+        self.epochs = WeightEpochs() if epochs is None else epochs
+        self.reclaim_per_call = require_int(
+            reclaim_per_call, "reclaim_per_call", minimum=0, error=ConfigError
+        )
+        self._max_hash = max_hash_of(allocator.config.hash_algo)
+        self._held: dict[int, _Held] = {}  # device block -> what it holds (may be evicted)
+        self._held_block: dict[int, int] = {}  # hash -> device block, for the same entries
+        self._queue: list[tuple[int, int, int]] = []  # copies not yet taken, in order
+        self._num_demoted = self._num_promoted = 0
+
+    # ------------------------------------------------------------------ allocation
+
+    def allocate(self, num_blocks: int) -> np.ndarray | None:
+        """Hand out ``num_blocks`` fresh device blocks, demoting the hashes they held.
+
+        A block that held a hash of a live epoch which no other device block
+        and no host slot holds gets a demotion queued before it is returned.
+
+        Returns:
+            int32 IDs with one active reference each, or None (nothing changes)
+            when even eviction cannot free enough.
+
+        Raises:
+            InvalidArgumentError: ``num_blocks`` is not an int >= 0.
+
+        Complexity: O(num_blocks) plus the allocator's and host policy's work.
+        """
+        ids = self.allocator.allocate_memory_blocks(num_blocks)
+        if ids is None:
+            return None
+        block_ids = ids.numpy()
+        self._demote_handed_out(block_ids)
+        if self.reclaim_per_call:
+            self.host.reclaim(self.reclaim_per_call)
+        return block_ids
+
+    def release(self, block_ids: BlockIdsLike, *, paused: bool = False) -> None:
+        """Drop one reference per occurrence, as :meth:`KVBlockAllocator.release_memory_blocks`.
+
+        Complexity: as the allocator's.
+        """
+        self.allocator.release_memory_blocks(block_ids, paused=paused)
+
+    # ------------------------------------------------------------------ prefix reuse
+
+    def match(self, block_hashes: Any, *, num_tokens: int | None = None) -> TieredMatch:
+        """Match ``block_hashes`` on the device, then continue into the host tier.
+
+        Device hits are acquired (one active reference each); host hits get
+        fresh device blocks, registered under their hashes at once, and
+        promotions queued. When the device pool cannot take every host hit,
+        as many as fit are promoted.
+
+        Args:
+            block_hashes: the prompt's chained block hashes, in order.
+            num_tokens: the prompt's length, for the device's token counters.
+
+        Raises:
+            InvalidTensorError, InvalidArgumentError: malformed hashes or count.
+
+        Complexity: O(matched blocks) plus allocation of the promoted ones.
+        """
+        hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
+        device = self.allocator.match_prefix(hashes, acquire=True, num_tokens=num_tokens)
+        device_ids = device.numpy()
+        start = len(self._queue)
+        rest = hashes[len(device_ids) :]
+        slots = self.host.lookup(rest)
+        free = self.allocator.get_evictable_block_count() + (
+            self.allocator.num_usable - self.allocator.get_total_used()
+        )
+        slots = slots[: max(0, free)]
+        promoted = np.empty(0, dtype=np.int32)
+        if slots:
+            self.host.pin(slots)
+            try:
+                promoted = self._promote(hashes, len(device_ids), slots)
+            finally:
+                self.host.unpin(slots)
+        self.host.count_query(len(rest), len(promoted))
+        return TieredMatch(
+            block_ids=np.concatenate([device_ids, promoted]).astype(np.int32),
+            num_device_blocks=len(device_ids),
+            num_host_blocks=len(promoted),
+            plan=TransferPlan(tuple(self._queue[start:])),
+        )
+
+    def register(
+        self,
+        block_ids: BlockIdsLike,
+        block_hashes: Any,
+        *,
+        parent_hash: int | None = None,
+        token_ids: Any = None,
+        lora_name: str | None = None,
+        epoch: int | None = None,
+    ) -> np.ndarray:
+        """Register a chain as :meth:`KVBlockAllocator.register_kv_block_hashes` does.
+
+        The tier remembers each block that now carries its hash, with the
+        weight ``epoch`` its K/V was computed under (default: the current),
+        so it can demote the block when it is evicted.
+
+        Returns:
+            A bool array: True where the block now carries its hash.
+
+        Raises:
+            As the allocator's method; InvalidArgumentError for a bad ``epoch``.
+
+        Complexity: O(k) dict operations.
+        """
+        if epoch is None:
+            epoch = self.epochs.current
+        epoch = require_int(epoch, "epoch", minimum=0, maximum=self.epochs.current)
+        ids = to_block_ids(block_ids, self.allocator.num_usable)
+        hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
+        if parent_hash is not None:
+            parent_hash = to_hash(parent_hash, "parent_hash", self._max_hash)
+        holds = self.allocator.register_kv_block_hashes(
+            ids, hashes, parent_hash=parent_hash, token_ids=token_ids, lora_name=lora_name
+        ).numpy()
+        self._remember(ids, hashes, parent_hash, holds, epoch)
+        return holds
+
+    # ------------------------------------------------------------------ copies and weights
+
+    def take_transfer(self) -> TransferPlan:
+        """Every copy queued since the last call, in order; the queue is left empty.
+
+        Run it (:meth:`KVTransfer.run`) before the next forward pass writes
+        the blocks it demotes, and wait (:meth:`KVTransfer.wait`) before
+        attention reads the blocks it promotes. Complexity: O(copies).
+        """
+        plan = TransferPlan(tuple(self._queue))
+        self._queue.clear()
+        return plan
+
+    def begin_weight_epoch(self, tag: str | int) -> int:
+        """New weights: requests hashed from now on match only blocks of the new epoch.
+
+        Requests running keep their blocks. The host tier's older entries
+        are never matched again and are dropped first, a few per
+        :meth:`allocate`; device blocks of older epochs are never demoted.
+        Complexity: O(1), whatever the caches hold.
+
+        Returns:
+            The new epoch's number.
+        """
+        epoch = self.epochs.begin(tag)
+        self.host.retire_epochs_before(epoch)
+        return epoch
+
+    # ------------------------------------------------------------------ introspection
+
+    def stats(self) -> TieredStats:
+        """Counts of both tiers. Complexity: O(1)."""
+        return TieredStats(
+            device=self.allocator.stats(),
+            host=self.host.stats(),
+            num_demoted_blocks=self._num_demoted,
+            num_promoted_blocks=self._num_promoted,
+            weight_epoch=self.epochs.current,
+        )
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The device's events (medium ``"GPU"``), then the host tier's (``"CPU"``).
+
+        Each tier's events keep their order; a router indexes the two media
+        apart. Either tier may have events off. Complexity: O(events).
+        """
+        device = self.allocator.take_events() if self.allocator.events is not None else []
+        return device + self.host.take_events()
+
+    def check(self) -> None:
+        """Check the allocator's and the host tier's invariants (tests and debugging).
+
+        Raises:
+            InvariantError: the first broken invariant.
+        """
+        self.allocator.check_invariants()
+        self.host.check()
+
+    # ------------------------------------------------------------------ internals
+
+    def _demote_handed_out(self, block_ids: np.ndarray) -> None:
+        for block_id in block_ids.tolist():
+            held = self._held.pop(block_id, None)
+            if held is None:
+                continue
+            if self._held_block.get(held.block_hash) == block_id:
+                del self._held_block[held.block_hash]
+            if (
+                self.epochs.is_retired(held.epoch)
+                or held.block_hash in self.host
+                or self.allocator.is_hash_registered(held.block_hash)
+            ):
+                continue
+            slot = self.host.put(
+                held.block_hash, held.parent_hash, depth=held.depth, epoch=held.epoch
+            )
+            if slot is not None:
+                self._queue.append((DEMOTE, block_id, slot))
+                self._num_demoted += 1
+
+    def _promote(self, hashes: list[int], num_device: int, slots: list[int]) -> np.ndarray:
+        ids = self.allocate(len(slots))
+        if ids is None:  # pragma: no cover - the count was checked against free + cached
+            raise InvalidArgumentError("no device room for the promotion")
+        chain = hashes[num_device : num_device + len(slots)]
+        parent = hashes[num_device - 1] if num_device else None
+        epoch = self.epochs.current
+        holds = self.allocator.register_kv_block_hashes(ids, chain, parent_hash=parent).numpy()
+        self._remember(ids, chain, parent, holds, epoch)
+        self.host.touch(slots)
+        self._queue.extend(
+            (PROMOTE, slot, int(b)) for slot, b in zip(slots, ids.tolist(), strict=True)
+        )
+        self._num_promoted += len(slots)
+        return ids
+
+    def _remember(
+        self,
+        ids: np.ndarray,
+        hashes: list[int],
+        parent_hash: int | None,
+        holds: np.ndarray,
+        epoch: int,
+    ) -> None:
+        depth = self._depth_after(parent_hash)
+        parents = [parent_hash, *hashes[:-1]]
+        for index in np.flatnonzero(holds).tolist():
+            block_id, block_hash = int(ids[index]), hashes[index]
+            old = self._held.get(block_id)
+            if old is not None and self._held_block.get(old.block_hash) == block_id:
+                del self._held_block[old.block_hash]
+            self._held[block_id] = _Held(block_hash, parents[index], depth + index, epoch)
+            self._held_block[block_hash] = block_id
+
+    def _depth_after(self, parent_hash: int | None) -> int:
+        """Chain position of the block after ``parent_hash``."""
+        if parent_hash is None:
+            return 0
+        block_id = self._held_block.get(parent_hash)
+        if block_id is not None:
+            return self._held[block_id].depth + 1
+        return 0
+
+
+__all__ = ["TieredCache", "TieredMatch", "TieredStats"]
