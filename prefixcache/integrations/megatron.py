@@ -34,6 +34,7 @@ default policy names need it), so this module imports without it.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import sys
 from collections.abc import Callable, Iterator
@@ -102,7 +103,8 @@ def _policy_of(value: object, default_cached: PolicySpec) -> tuple[PolicySpec, b
 class _LiveRefCounts(torch.Tensor):
     """``block_ref_counts``: an int32 CPU tensor whose subscript writes reach the allocator."""
 
-    __torch_function__ = torch._C._disabled_torch_function_impl  # results are plain tensors
+    # Results of operations are plain tensors, so only this tensor intercepts writes.
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
     _owner: MegatronKVBlockAllocator
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -578,7 +580,7 @@ class MegatronKVBlockAllocator:
 # ---------------------------------------------------------------------- switching
 
 _installed_options: dict[str, Any] = {}
-_replaced: list[tuple[Any, type]] = []
+_replaced: list[tuple[Any, Any]] = []
 
 
 def check_version() -> str:
@@ -611,24 +613,25 @@ def install(**options: Any) -> None:
     unknown = sorted(set(options) - {"cached_policy", *_OPTION_KEYS})
     if unknown:
         raise ConfigError(f"unknown options {unknown}; valid: {['cached_policy', *_OPTION_KEYS]}")
-    from megatron.core.inference.contexts import kv_block_allocator
-
     _installed_options.clear()
     _installed_options.update(options)
-    original = kv_block_allocator.KVBlockAllocator
+    defining = importlib.import_module("megatron.core.inference.contexts.kv_block_allocator")
+    original = defining.KVBlockAllocator
+    if original is MegatronKVBlockAllocator:  # installed already: find what was replaced
+        original = _replaced[0][1]
     for module in list(sys.modules.values()):
         if getattr(module, "__name__", "").startswith("megatron") and (
             getattr(module, "KVBlockAllocator", None) is original
         ):
             _replaced.append((module, original))
-            module.KVBlockAllocator = MegatronKVBlockAllocator
+            setattr(module, "KVBlockAllocator", MegatronKVBlockAllocator)  # noqa: B010
 
 
 def uninstall() -> None:
     """Put Megatron's own ``KVBlockAllocator`` back everywhere :func:`install` replaced it."""
     while _replaced:
         module, original = _replaced.pop()
-        module.KVBlockAllocator = original
+        setattr(module, "KVBlockAllocator", original)  # noqa: B010
     _installed_options.clear()
 
 
