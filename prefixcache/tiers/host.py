@@ -259,7 +259,8 @@ class HostTier:
         used = {slot for slot, entry in enumerate(self._entries) if entry is not None}
         if used & set(self._free_slots) or len(used) + len(self._free_slots) != self.num_slots:
             problems.append("host slots are not split exactly into used and free")
-        if {self._slot_of[e.block_hash] for e in self._live_entries()} != used:
+        held = {e.block_hash: slot for slot, e in enumerate(self._entries) if e is not None}
+        if held != self._slot_of:
             problems.append("hash -> slot and slot -> hash are not inverse maps")
         children: dict[int, int] = {}
         for entry in self._live_entries():

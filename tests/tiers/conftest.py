@@ -89,7 +89,6 @@ class Loop:
                     assert torch.equal(tensors[layer][ids[index]], want), (request_id, index)
 
 
-
 @pytest.fixture
 def make_loop() -> type[Loop]:
     """The :class:`Loop` class, to build loops of any size."""

@@ -55,7 +55,7 @@ def test_a_random_workload_always_reads_the_kv_of_its_hashes(make_loop):
         loop.block_ids[name] = admission.block_ids.tolist()
         loop.copy()
         loop.compute(name, admission.num_cached_tokens // BLOCK)
-        for other in running + [name]:
+        for other in [*running, name]:
             loop.check(other)
         running.append(name)
         loop.tiered.check()
@@ -82,8 +82,12 @@ def test_events_name_the_medium_of_each_tier(make_loop):
     stored = {e.medium for e in events if isinstance(e, BlockStored)}
     removed = {e.medium for e in events if isinstance(e, BlockRemoved)}
     assert stored == {"GPU", "CPU"} and removed == {"GPU"}
-    on_host = {h for e in events if isinstance(e, BlockStored) and e.medium == "CPU"
-               for h in e.block_hashes}
+    on_host = {
+        h
+        for e in events
+        if isinstance(e, BlockStored) and e.medium == "CPU"
+        for h in e.block_hashes
+    }
     off_device = {h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes}
     assert on_host and on_host <= off_device  # a demoted hash left the device
 
