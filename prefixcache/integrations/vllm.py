@@ -1,0 +1,727 @@
+"""prefixcache's eviction policies inside vLLM's v1 block pool, as a vLLM general plugin.
+
+vLLM 0.33 keeps its free KV-cache blocks in one queue (``FreeKVCacheBlockQueue`` in
+``vllm/v1/core/kv_cache_utils.py``) and evicts from its front: blocks freed without a hash
+are put in front, cached blocks are appended in the order requests free them, so the
+order is LRU because callers free a request's blocks in reverse. :func:`install` puts a
+:class:`PolicyFreeBlockQueue` with the same interface where ``vllm.v1.core.block_pool``
+looks the queue up, and wraps five ``BlockPool`` methods to learn what the queue cannot
+see. No vLLM file changes; :func:`uninstall` puts everything back.
+
+What maps to what (DESIGN.md, "vLLM integration"):
+
+- A free block without a hash (never filled, or its hash removed) is handed out first,
+  newest prepended first, as vLLM does: reusing it costs nothing.
+- A free cached block with no cached child is an *evictable leaf*: the policy orders
+  these (``insert`` when freed, ``discard`` on a prefix hit, ``evict`` when vLLM needs a
+  block). ``last_access`` is a clock that ticks once per freed block, in vLLM's free
+  order, so ``"lru"`` reproduces vLLM's own order; ``num_accesses`` is 1 plus the
+  prefix hits (``BlockPool.touch``) since the block was filled; ``depth`` its position
+  in the request's block table; the hash is the first 8 bytes of vLLM's key folded with
+  the group ID.
+- Parents come from ``cache_full_blocks`` (block ``i - 1`` of the same table). Evicting a
+  leaf exposes its parent, which the policy then orders, so a chain is eaten from its
+  end whatever order callers free it in.
+- A free cached block whose child is still cached but in use (a sliding-window layer
+  frees a running request's early blocks) is not a leaf; it goes only when no leaf is
+  left, oldest freed first. Hash-less blocks vLLM appends (``unpin_blocks``: still
+  being read) go last, as vLLM's docstring asks.
+- Events, metrics and the hash table stay vLLM's: its ``BlockRemoved`` events and
+  ``kv_cache_usage_perc`` report the policy's victims unchanged.
+
+Costs: ``append``/``remove``/``popleft`` O(1) plus the policy's O(log n); the parent and
+child links are dict entries. ``get_all_free_blocks`` and ``iter_blocks_after`` (tests,
+the simple KV offload connector) replay the order on a copy: O(n log n). Not
+thread-safe, as vLLM's queue (the scheduler owns its pool).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefixcache import policies
+from prefixcache.errors import ConfigError, InvariantError
+from prefixcache.policies import EvictionPolicy, UnknownPolicyError
+
+__all__ = [
+    "OPTIONS_ENV",
+    "POLICY_ENV",
+    "SUPPORTED_VERSION",
+    "PolicyFreeBlockQueue",
+    "install",
+    "installed_policy",
+    "register",
+    "uninstall",
+]
+
+SUPPORTED_VERSION = "0.33"
+"""The vLLM minor version whose ``BlockPool`` this adapter knows (0.33.x)."""
+
+POLICY_ENV = "PREFIXCACHE_VLLM_POLICY"
+"""Environment variable the plugin reads: a policy name; unset or empty installs nothing."""
+
+OPTIONS_ENV = "PREFIXCACHE_VLLM_POLICY_OPTIONS"
+"""Environment variable with the policy's keyword arguments as a JSON object (optional)."""
+
+AUTO_POLICY = "protected_lru"
+"""What ``"auto"`` means until a policy registers under that name.
+
+Chosen by ``benchmarks/bench_vllm_plugin.py`` (best hit rate over its trace family)."""
+
+_REFUSED = {
+    "belady": "it is the offline optimum and needs the future; use it in trace replay",
+    "ref_zero": "keeping nothing unreferenced is vLLM's --no-enable-prefix-caching",
+}
+_MASK63 = (1 << 63) - 1
+_FIRST, _LEAF, _INNER, _LAST = 1, 2, 3, 4  # where a free block is
+_MARK = "__prefixcache_original__"  # on a wrapper: the vLLM function it wraps
+
+
+# ====================================================================== the queue
+
+
+class _End:
+    """A chain's fake head or tail, as vLLM's queue has (``block_id`` -1 for its repr)."""
+
+    __slots__ = ("block_id", "next_free_block", "prev_free_block")
+
+    def __init__(self) -> None:
+        self.block_id = -1
+        self.prev_free_block: Any = None
+        self.next_free_block: Any = None
+
+
+class _Chain:
+    """A doubly linked list through the blocks' own ``prev/next_free_block`` fields.
+
+    vLLM's technique: O(1) removal from the middle and no Python object allocated per
+    operation. One chain per section that keeps free order (hash-less, inner, last).
+    """
+
+    __slots__ = ("head", "size", "tail")
+
+    def __init__(self) -> None:
+        self.head, self.tail = _End(), _End()
+        self.head.next_free_block = self.tail
+        self.tail.prev_free_block = self.head
+        self.size = 0
+
+    def push_back(self, block: Any) -> None:
+        last = self.tail.prev_free_block
+        last.next_free_block = block
+        block.prev_free_block, block.next_free_block = last, self.tail
+        self.tail.prev_free_block = block
+        self.size += 1
+
+    def push_front(self, block: Any) -> None:
+        first = self.head.next_free_block
+        first.prev_free_block = block
+        block.prev_free_block, block.next_free_block = self.head, first
+        self.head.next_free_block = block
+        self.size += 1
+
+    def pop_front(self) -> Any:
+        block = self.head.next_free_block
+        self.unlink(block)
+        return block
+
+    def unlink(self, block: Any) -> None:
+        before, after = block.prev_free_block, block.next_free_block
+        before.next_free_block, after.prev_free_block = after, before
+        block.prev_free_block = block.next_free_block = None
+        self.size -= 1
+
+    def __iter__(self) -> Iterator[Any]:
+        block = self.head.next_free_block
+        while block is not self.tail:
+            yield block
+            block = block.next_free_block
+
+
+def policy_hash(key: object) -> int:
+    """The int a policy sees for vLLM's block key (hash bytes + 4-byte group ID). O(1).
+
+    >>> policy_hash(bytes(range(8)) + (1).to_bytes(4, "big")) == 0x0706050403020100 ^ 1
+    True
+    """
+    if isinstance(key, bytes) and len(key) >= 12:
+        return (int.from_bytes(key[:8], "little") ^ int.from_bytes(key[-4:], "big")) & _MASK63
+    return hash(key) & _MASK63
+
+
+class PolicyFreeBlockQueue:
+    """vLLM's ``FreeKVCacheBlockQueue`` interface, cached blocks ordered by a policy.
+
+    Queue interface (what ``BlockPool`` calls): ``num_free_blocks``, :meth:`popleft`,
+    :meth:`popleft_n`, :meth:`remove`, :meth:`append`, :meth:`append_n`,
+    :meth:`prepend_n`, :meth:`get_all_free_blocks`, :meth:`iter_blocks_after`.
+    Learning (the wrapped ``BlockPool`` methods call these): :meth:`note_registered`,
+    :meth:`note_hits`, :meth:`note_hash_removed`, :meth:`note_moved`,
+    :meth:`note_reset`. Checking: :meth:`check_invariants`.
+
+    Blocks are vLLM ``KVCacheBlock`` objects (or anything with ``block_id``,
+    ``block_hash``, ``is_null`` and the two link fields); state is keyed by
+    ``block_id``. Not thread-safe.
+    """
+
+    def __init__(self, blocks: Iterable[Any], policy: EvictionPolicy) -> None:
+        self.policy = policy
+        self.num_free_blocks = 0
+        self._first, self._inner, self._last = _Chain(), _Chain(), _Chain()
+        self._where: dict[int, int] = {}  # free block -> section
+        self._blocks: dict[int, Any] = {}  # block_id -> block, every block seen
+        self._parent: dict[int, int] = {}  # cached child -> its cached parent
+        self._children: dict[int, set[int]] = {}  # cached parent -> cached children
+        self._depth: dict[int, int] = {}  # position in its block table, from registration
+        self._accesses: dict[int, int] = {}  # 1 + prefix hits since it was filled
+        self._stamp: dict[int, int] = {}  # clock when last freed
+        self._clock = 0
+        self.prepend_n(list(blocks))
+
+    # ------------------------------------------------------------------ queue interface
+
+    def popleft(self) -> Any:
+        """Hand out the next block to reuse. Complexity: O(log n).
+
+        Raises:
+            ValueError: no block is free (as vLLM's queue).
+        """
+        if self.num_free_blocks == 0:
+            raise ValueError("No free blocks available")
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n: int) -> list[Any]:
+        """Hand out ``n`` blocks: hash-less ones first, then the policy's victims.
+
+        A victim's parent becomes a leaf at once, so the next victim may be it. The
+        victims keep their hashes; ``BlockPool.get_new_blocks`` removes them next.
+
+        Raises:
+            ValueError: fewer than ``n`` blocks are free (nothing changes).
+
+        Complexity: O(n log n) with a heap-ordered policy.
+        """
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot take {n} free blocks: {self.num_free_blocks} are free")
+        taken: list[Any] = []
+        first, where = self._first, self._where
+        while first.size and len(taken) < n:
+            block = first.pop_front()
+            del where[block.block_id]
+            taken.append(block)
+        while len(taken) < n:
+            taken.append(self._next_victim())
+        self.num_free_blocks -= n
+        return taken
+
+    def remove(self, block: Any) -> None:
+        """Take ``block`` out of the free blocks (vLLM: a prefix hit on it). O(log n).
+
+        Raises:
+            RuntimeError: ``block`` is not free (as vLLM's queue).
+        """
+        section = self._where.pop(block.block_id, None)
+        if section is None:
+            raise RuntimeError(f"remove() called on an invalid block: {block}")
+        if section == _LEAF:
+            self.policy.discard(block.block_id)
+        else:
+            self._chain(section).unlink(block)
+        self.num_free_blocks -= 1
+
+    def append(self, block: Any) -> None:
+        """Free ``block``: cached ones go to the policy, hash-less ones last. O(log n)."""
+        self._add(block)
+
+    def append_n(self, blocks: Sequence[Any]) -> None:
+        """:meth:`append` each of ``blocks``, in order. Complexity: O(k log n)."""
+        for block in blocks:
+            self._add(block)
+
+    def prepend_n(self, blocks: Sequence[Any]) -> None:
+        """Free ``blocks`` to be handed out first, in their order. Complexity: O(k)."""
+        for block in reversed(blocks):
+            if block.block_id in self._where:
+                raise RuntimeError(f"block {block.block_id} is already free")
+            self._blocks[block.block_id] = block
+            self._first.push_front(block)
+            self._where[block.block_id] = _FIRST
+        self.num_free_blocks += len(blocks)
+
+    def get_all_free_blocks(self) -> list[Any]:
+        """Every free block, next handed out first (read on a copy). O(n log n)."""
+        return self._eviction_order()
+
+    def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
+        """Free blocks in hand-out order after ``cursor`` (all when None; none when
+        ``cursor`` is not free, as vLLM's queue). Complexity: O(n log n)."""
+        order = self._eviction_order()
+        if cursor is None:
+            yield from order
+            return
+        for index, block in enumerate(order):
+            if block is cursor:
+                yield from order[index + 1 :]
+                return
+
+    # ------------------------------------------------------------------ learning
+
+    def note_registered(self, blocks: Sequence[Any], start: int, stop: int) -> None:
+        """``blocks[start:stop]`` of one block table were just cached: learn their
+        depths and parents (``blocks[i - 1]``). Complexity: O(stop - start)."""
+        for index in range(start, stop):
+            block = blocks[index]
+            if block.is_null or block.block_hash is None or block.block_id in self._depth:
+                continue
+            self._blocks[block.block_id] = block
+            self._depth[block.block_id] = index
+            self._accesses.setdefault(block.block_id, 1)
+            parent = blocks[index - 1] if index else None
+            if parent is not None and not parent.is_null and parent.block_hash is not None:
+                self._link(parent, block.block_id)
+
+    def note_hits(self, blocks: Iterable[Any]) -> None:
+        """``blocks`` were handed to a request as a prefix hit. Complexity: O(k)."""
+        accesses = self._accesses
+        for block in blocks:
+            if not block.is_null:
+                accesses[block.block_id] = accesses.get(block.block_id, 1) + 1
+
+    def note_hash_removed(self, block: Any) -> None:
+        """``block`` lost its hashes: cut its links; free, it is now hash-less. O(log n)."""
+        block_id = block.block_id
+        self._cut(block_id)
+        self._depth.pop(block_id, None)
+        self._accesses.pop(block_id, None)
+        self._stamp.pop(block_id, None)
+        section = self._where.get(block_id)
+        if section == _LEAF:
+            self.policy.discard(block_id)
+        elif section == _INNER:
+            self._inner.unlink(block)
+        else:
+            return
+        self._first.push_back(block)
+        self._where[block_id] = _FIRST
+
+    def note_moved(self, source: Any, target: Any) -> None:
+        """``source``'s hashes are about to move to ``target``: so do its links. O(children)."""
+        old, new = source.block_id, target.block_id
+        self._blocks[new] = target
+        parent = self._parent.pop(old, None)
+        if parent is not None:
+            siblings = self._children[parent]
+            siblings.discard(old)
+            siblings.add(new)
+            self._parent[new] = parent
+        children = self._children.pop(old, None)
+        if children:
+            self._children[new] = children
+            for child in children:
+                self._parent[child] = new
+        for table in (self._depth, self._accesses, self._stamp):
+            if old in table:
+                table[new] = table.pop(old)
+
+    def note_reset(self) -> None:
+        """vLLM dropped every hash (``reset_prefix_cache``): forget all, keep the order. O(n)."""
+        order = self._eviction_order()
+        self.policy.clear()
+        for table in (self._where, self._parent, self._children, self._depth):
+            table.clear()
+        self._accesses.clear()
+        self._stamp.clear()
+        self._first, self._inner, self._last = _Chain(), _Chain(), _Chain()
+        self.num_free_blocks = 0
+        self.prepend_n(order)
+
+    def check_invariants(self) -> None:
+        """Check every internal invariant (tests call it after each step). O(n).
+
+        Raises:
+            InvariantError: naming the first broken invariant.
+        """
+        sections = {key: 0 for key in (_FIRST, _LEAF, _INNER, _LAST)}
+        for block_id, section in self._where.items():
+            sections[section] += 1
+            if section == _LEAF and (block_id in self._children or block_id not in self.policy):
+                raise InvariantError(f"free leaf {block_id} has children or is not tracked")
+            if section == _INNER and block_id not in self._children:
+                raise InvariantError(f"free inner block {block_id} has no cached child")
+        chains = {_FIRST: self._first, _INNER: self._inner, _LAST: self._last}
+        for section, chain in chains.items():
+            if [self._where.get(b.block_id) for b in chain] != [section] * chain.size:
+                raise InvariantError(f"chain {section} disagrees with the section map")
+        if sections[_LEAF] != len(self.policy) or sum(sections.values()) != self.num_free_blocks:
+            raise InvariantError(f"sections {sections} vs {self.num_free_blocks} free")
+        for child, parent in self._parent.items():
+            if child not in self._children.get(parent, ()):
+                raise InvariantError(f"block {child}'s parent {parent} does not list it")
+        if sum(map(len, self._children.values())) != len(self._parent):
+            raise InvariantError("a child is listed under a parent it does not name")
+
+    # ------------------------------------------------------------------ internals
+
+    def _chain(self, section: int) -> _Chain:
+        if section == _FIRST:
+            return self._first
+        return self._inner if section == _INNER else self._last
+
+    def _add(self, block: Any) -> None:
+        block_id = block.block_id
+        if block_id in self._where:
+            raise RuntimeError(f"block {block_id} is already free")
+        self._blocks[block_id] = block
+        self._clock += 1
+        if block.block_hash is None:  # only unpin_blocks appends these: read until reused
+            self._last.push_back(block)
+            self._where[block_id] = _LAST
+        elif block_id in self._children:
+            self._stamp[block_id] = self._clock
+            self._inner.push_back(block)
+            self._where[block_id] = _INNER
+        else:
+            self._stamp[block_id] = self._clock
+            self._insert_leaf(block)
+        self.num_free_blocks += 1
+
+    def _insert_leaf(self, block: Any) -> None:
+        block_id = block.block_id
+        self._where[block_id] = _LEAF
+        self.policy.insert(
+            block_id,
+            policy_hash(block.block_hash),
+            self._stamp.get(block_id, 0),
+            self._accesses.get(block_id, 1),
+            self._depth.get(block_id, 0),
+        )
+
+    def _next_victim(self) -> Any:
+        victims = self.policy.evict(1)
+        if victims:
+            if self._where.get(victims[0]) != _LEAF:
+                raise InvariantError(f"the policy evicted {victims[0]}, which it was not given")
+            block = self._blocks[victims[0]]
+        elif self._inner.size:
+            block = self._inner.pop_front()
+        elif self._last.size:
+            block = self._last.pop_front()
+        else:
+            raise InvariantError(f"{self.num_free_blocks} blocks counted free, none found")
+        block_id = block.block_id
+        del self._where[block_id]
+        self._cut(block_id)
+        for table in (self._depth, self._accesses, self._stamp):
+            table.pop(block_id, None)
+        return block
+
+    def _link(self, parent: Any, child: int) -> None:
+        parent_id = parent.block_id
+        self._blocks[parent_id] = parent
+        self._parent[child] = parent_id
+        children = self._children.get(parent_id)
+        if children is None:
+            children = self._children[parent_id] = set()
+            if self._where.get(parent_id) == _LEAF:  # a free leaf gained a child
+                self.policy.discard(parent_id)
+                self._inner.push_back(parent)
+                self._where[parent_id] = _INNER
+        children.add(child)
+
+    def _cut(self, block_id: int) -> None:
+        """Forget ``block_id``'s links; a free parent left childless becomes a leaf."""
+        parent = self._parent.pop(block_id, None)
+        if parent is not None:
+            siblings = self._children[parent]
+            siblings.discard(block_id)
+            if not siblings:
+                del self._children[parent]
+                if self._where.get(parent) == _INNER:
+                    block = self._blocks[parent]
+                    self._inner.unlink(block)
+                    self._insert_leaf(block)
+        for child in self._children.pop(block_id, ()):
+            del self._parent[child]
+
+    def _eviction_order(self) -> list[Any]:
+        """The hand-out order, replayed on a copy of the policy and the link counts."""
+        order = list(self._first)
+        policy = copy.deepcopy(self.policy)
+        inner = dict.fromkeys(block.block_id for block in self._inner)
+        num_children = {parent: len(kids) for parent, kids in self._children.items()}
+        while True:
+            victims = policy.evict(1)
+            if victims:
+                block_id = victims[0]
+            elif inner:
+                block_id = next(iter(inner))
+                del inner[block_id]
+            else:
+                break
+            order.append(self._blocks[block_id])
+            parent = self._parent.get(block_id)
+            if parent is not None:
+                num_children[parent] -= 1
+                if num_children[parent] == 0 and parent in inner:
+                    del inner[parent]
+                    block = self._blocks[parent]
+                    policy.insert(
+                        parent,
+                        policy_hash(block.block_hash),
+                        self._stamp.get(parent, 0),
+                        self._accesses.get(parent, 1),
+                        self._depth.get(parent, 0),
+                    )
+        return order + list(self._last)
+
+
+# ====================================================================== installing
+
+
+class _QueueFactory:
+    """Stands where ``block_pool`` looks up ``FreeKVCacheBlockQueue``: one queue per pool."""
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.make_policy: Callable[[], EvictionPolicy] = policies.LRUPolicy
+
+    def __call__(self, blocks: list[Any]) -> PolicyFreeBlockQueue:
+        return PolicyFreeBlockQueue(blocks, self.make_policy())
+
+
+@dataclass
+class _Patch:
+    owner: Any
+    name: str
+    original: Any
+
+
+_FACTORY = _QueueFactory()
+_patches: list[_Patch] = []
+
+
+def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any) -> None:
+    """Make vLLM's v1 block pools built from now on evict in ``policy``'s order.
+
+    Idempotent: calling it again (also after ``importlib.reload`` of vLLM's modules)
+    leaves one plugin in place, with the latest policy for pools built afterwards.
+
+    Args:
+        policy: a registered policy name (``prefixcache.policies.available()``), or
+            ``"auto"``, or a policy class or zero-argument factory.
+        **options: keyword arguments for the policy's constructor.
+
+    Raises:
+        ConfigError: unknown or unusable policy, bad options, vLLM missing or not
+            0.33.x. Nothing is changed then.
+
+    Complexity: O(1).
+    """
+    make_policy, name = _policy_factory(policy, dict(options))
+    block_pool = _block_pool_module()
+    _FACTORY.make_policy, _FACTORY.name = make_policy, name
+    if block_pool.FreeKVCacheBlockQueue is not _FACTORY:
+        _patch(block_pool, "FreeKVCacheBlockQueue", _FACTORY)
+    pool_class = block_pool.BlockPool
+    for method, wrap in _WRAPPERS.items():
+        current = pool_class.__dict__[method]
+        if not hasattr(current, _MARK):
+            _patch(pool_class, method, wrap(current))
+
+
+def uninstall() -> bool:
+    """Put back every vLLM name :func:`install` replaced; return whether any was.
+
+    Pools built while installed keep their queue (vLLM builds its pools once, at
+    start). Complexity: O(1).
+    """
+    removed = bool(_patches)
+    while _patches:
+        patch = _patches.pop()
+        setattr(patch.owner, patch.name, patch.original)
+    _FACTORY.name = ""
+    return removed
+
+
+def installed_policy() -> str | None:
+    """The policy new pools get, or None when not installed. Complexity: O(1)."""
+    return _FACTORY.name if _patches else None
+
+
+def register() -> None:
+    """The vLLM general plugin (entry point group ``vllm.general_plugins``).
+
+    Installs the policy named by ``PREFIXCACHE_VLLM_POLICY`` with the options in
+    ``PREFIXCACHE_VLLM_POLICY_OPTIONS`` (a JSON object); does nothing when the
+    variable is unset or empty. vLLM may call it once per process.
+
+    Raises:
+        ConfigError: as :func:`install`, or the options are not a JSON object.
+    """
+    name = os.environ.get(POLICY_ENV, "").strip()
+    if not name:
+        return
+    raw = os.environ.get(OPTIONS_ENV, "").strip() or "{}"
+    try:
+        options = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{OPTIONS_ENV} is not JSON: {exc}") from exc
+    if not isinstance(options, dict):
+        raise ConfigError(f"{OPTIONS_ENV} must be a JSON object, got {raw!r}")
+    install(name, **options)
+
+
+def _policy_factory(
+    policy: str | Callable[..., EvictionPolicy], options: dict[str, Any]
+) -> tuple[Callable[[], EvictionPolicy], str]:
+    """A factory of fresh policies, checked by building one."""
+    if isinstance(policy, str):
+        name = policy.strip().lower()
+        if name == "auto" and "auto" not in policies.available():
+            name = AUTO_POLICY
+        if name in _REFUSED:
+            raise ConfigError(f"policy {name!r} cannot run inside vLLM: {_REFUSED[name]}")
+
+        def make() -> EvictionPolicy:
+            return policies.get(name, **options)
+
+    elif callable(policy):
+        name = getattr(policy, "__name__", type(policy).__name__)
+
+        def make() -> EvictionPolicy:
+            return policy(**options)
+
+    else:
+        raise ConfigError(f"policy must be a name or a policy class, got {policy!r}")
+    try:
+        sample = make()
+    except UnknownPolicyError as exc:
+        raise ConfigError(str(exc)) from exc
+    except TypeError as exc:
+        raise ConfigError(f"policy {name!r} refused options {sorted(options)}: {exc}") from exc
+    if not isinstance(sample, EvictionPolicy):
+        raise ConfigError(f"policy {name!r} built {sample!r}, which is no EvictionPolicy")
+    return make, name
+
+
+def _block_pool_module() -> Any:
+    """``vllm.v1.core.block_pool``, once vLLM is known to be 0.33.x."""
+    try:
+        vllm = importlib.import_module("vllm")
+    except ImportError as exc:
+        raise ConfigError(
+            f"prefixcache's vLLM plugin needs vLLM {SUPPORTED_VERSION}.x: {exc}"
+        ) from exc
+    version = str(getattr(vllm, "__version__", "unknown"))
+    if version.split(".")[:2] != SUPPORTED_VERSION.split("."):
+        raise ConfigError(
+            f"prefixcache's vLLM plugin supports vLLM {SUPPORTED_VERSION}.x only; "
+            f"this is vLLM {version} (its block pool may differ: pin vllm=={SUPPORTED_VERSION}.*)"
+        )
+    return importlib.import_module("vllm.v1.core.block_pool")
+
+
+def _patch(owner: Any, name: str, value: Any) -> None:
+    """Replace ``owner.name``; a stale record of the same name (a reload) is dropped."""
+    _patches[:] = [p for p in _patches if not (p.owner is owner and p.name == name)]
+    _patches.append(_Patch(owner, name, getattr(owner, name)))
+    setattr(owner, name, value)
+
+
+# ---------------------------------------------------------------- BlockPool wrappers
+
+
+def _queue(pool: Any) -> PolicyFreeBlockQueue | None:
+    queue = pool.free_block_queue
+    return queue if type(queue) is PolicyFreeBlockQueue else None
+
+
+def _wrap_touch(original: Callable[..., Any]) -> Callable[..., Any]:
+    def touch(self: Any, blocks: Sequence[Any]) -> None:
+        blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+        original(self, blocks)
+        queue = _queue(self)
+        if queue is not None:
+            queue.note_hits(blocks)
+
+    setattr(touch, _MARK, original)
+    return touch
+
+
+def _wrap_cache_full_blocks(original: Callable[..., Any]) -> Callable[..., Any]:
+    def cache_full_blocks(
+        self: Any,
+        request: Any,
+        blocks: list[Any],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: list[bool] | None = None,
+    ) -> None:
+        original(
+            self,
+            request,
+            blocks,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            kv_cache_group_id,
+            block_mask=block_mask,
+        )
+        queue = _queue(self)
+        if queue is not None:
+            queue.note_registered(blocks, num_cached_blocks, num_full_blocks)
+
+    setattr(cache_full_blocks, _MARK, original)
+    return cache_full_blocks
+
+
+def _wrap_remove_hashes(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _remove_cached_block_hashes(self: Any, block: Any) -> Any:
+        removed = original(self, block)
+        queue = _queue(self)
+        if queue is not None:
+            queue.note_hash_removed(block)
+        return removed
+
+    setattr(_remove_cached_block_hashes, _MARK, original)
+    return _remove_cached_block_hashes
+
+
+def _wrap_move(original: Callable[..., Any]) -> Callable[..., Any]:
+    def move_block_hashes(self: Any, src_block: Any, dst_block: Any) -> None:
+        queue = _queue(self)
+        if queue is not None:
+            queue.note_moved(src_block, dst_block)
+        original(self, src_block, dst_block)
+
+    setattr(move_block_hashes, _MARK, original)
+    return move_block_hashes
+
+
+def _wrap_reset(original: Callable[..., Any]) -> Callable[..., Any]:
+    def reset_prefix_cache(self: Any) -> bool:
+        done = bool(original(self))
+        queue = _queue(self)
+        if done and queue is not None:
+            queue.note_reset()
+        return done
+
+    setattr(reset_prefix_cache, _MARK, original)
+    return reset_prefix_cache
+
+
+_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "touch": _wrap_touch,
+    "cache_full_blocks": _wrap_cache_full_blocks,
+    "_remove_cached_block_hashes": _wrap_remove_hashes,
+    "move_block_hashes": _wrap_move,
+    "reset_prefix_cache": _wrap_reset,
+}

@@ -1,0 +1,788 @@
+"""prefixcache's vLLM plugin against a fake vLLM 0.33 with the real one's interface.
+
+CI does not install vLLM, so the fake below (written into a temporary folder and put
+first on ``sys.path``, so that ``importlib.reload`` works on it as on the real one) has
+``KVCacheBlock``, ``FreeKVCacheBlockQueue`` and the ``BlockPool`` methods the plugin
+wraps or that call the queue, with vLLM's behaviour in each (the free order, hash-less
+blocks prepended, cached ones appended, evict-on-reuse, ``unpin_blocks`` at the tail).
+``test_vllm_integration.py`` drives the real ``BlockPool``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from prefixcache import policies
+from prefixcache.errors import ConfigError, InvariantError
+from prefixcache.integrations import vllm as plugin
+from prefixcache.integrations.vllm import PolicyFreeBlockQueue, policy_hash
+
+KV_CACHE_UTILS = '''
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, eq=False)
+class KVCacheBlock:
+    block_id: int
+    ref_cnt: int = 0
+    _block_hash: bytes | None = None
+    prev_free_block: "KVCacheBlock | None" = None
+    next_free_block: "KVCacheBlock | None" = None
+    is_null: bool = False
+
+    @property
+    def block_hash(self):
+        return self._block_hash
+
+    def reset_hash(self):
+        self._block_hash = None
+
+
+class FreeKVCacheBlockQueue:
+    """vLLM's order, kept in a Python list."""
+
+    def __init__(self, blocks):
+        self.blocks = list(blocks)
+        self.num_free_blocks = len(self.blocks)
+
+    def popleft(self):
+        if not self.blocks:
+            raise ValueError("No free blocks available")
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n):
+        taken, self.blocks = self.blocks[:n], self.blocks[n:]
+        self.num_free_blocks -= n
+        return taken
+
+    def remove(self, block):
+        self.blocks = [b for b in self.blocks if b is not block]
+        self.num_free_blocks -= 1
+
+    def append(self, block):
+        self.append_n([block])
+
+    def append_n(self, blocks):
+        self.blocks += blocks
+        self.num_free_blocks += len(blocks)
+
+    def prepend_n(self, blocks):
+        self.blocks[:0] = blocks
+        self.num_free_blocks += len(blocks)
+
+    def get_all_free_blocks(self):
+        return list(self.blocks)
+'''
+
+BLOCK_POOL = """
+from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+
+
+def key_of(block_hash, group_id):
+    return block_hash + group_id.to_bytes(4, "big")
+
+
+class BlockPool:
+    def __init__(self, num_gpu_blocks, enable_caching=True, hash_block_size=1):
+        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.enable_caching = enable_caching
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached = {}  # key -> {block_id: block}
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.reused = []  # blocks whose unpin watcher fired
+
+    def get_cached_block(self, block_hash, kv_cache_group_ids):
+        found = []
+        for group_id in kv_cache_group_ids:
+            blocks = self.cached.get(key_of(block_hash, group_id))
+            if not blocks:
+                return None
+            found.append(next(iter(blocks.values())))
+        return found
+
+    def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks,
+                          block_size, kv_cache_group_id, block_mask=None):
+        for i, blk in enumerate(blocks[num_cached_blocks:num_full_blocks]):
+            if blk.is_null or (block_mask is not None and not block_mask[i]):
+                continue
+            key = key_of(request.block_hashes[num_cached_blocks + i], kv_cache_group_id)
+            assert blk.block_hash is None
+            blk._block_hash = key
+            self.cached.setdefault(key, {})[blk.block_id] = blk
+
+    def _remove_cached_block_hashes(self, block):
+        removed = []
+        if block.block_hash is not None:
+            blocks = self.cached.get(block.block_hash, {})
+            if blocks.pop(block.block_id, None) is not None:
+                removed.append(block.block_hash)
+            if not blocks:
+                self.cached.pop(block.block_hash, None)
+        block.reset_hash()
+        return removed
+
+    def _maybe_evict_cached_block(self, block):
+        return bool(self._remove_cached_block_hashes(block))
+
+    def get_new_blocks(self, num_blocks):
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        for block in ret:
+            if self.enable_caching:
+                self._maybe_evict_cached_block(block)
+            assert block.ref_cnt == 0
+            block.ref_cnt += 1
+        return ret
+
+    def touch(self, blocks):
+        for block in blocks:
+            if block.is_null:
+                continue
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks):
+        first, last = [], []
+        for block in ordered_blocks:
+            if block.is_null:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                hashless = block.block_hash is None or not self.enable_caching
+                (first if hashless else last).append(block)
+        self.free_block_queue.prepend_n(first)
+        self.free_block_queue.append_n(last)
+
+    def unpin_blocks(self, blocks, on_reuse):
+        released = []
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                released.append(block)
+        self.free_block_queue.append_n(released)
+
+    def evict_blocks(self, block_ids):
+        for block_id in block_ids:
+            self._maybe_evict_cached_block(self.blocks[block_id])
+
+    def move_block_hashes(self, src_block, dst_block):
+        assert dst_block.block_hash is None
+        key = src_block.block_hash
+        self._remove_cached_block_hashes(src_block)
+        dst_block._block_hash = key
+        self.cached.setdefault(key, {})[dst_block.block_id] = dst_block
+
+    def reset_prefix_cache(self):
+        if self.get_num_free_blocks() != len(self.blocks) - 1:
+            return False
+        self.cached.clear()
+        for block in self.blocks:
+            block.reset_hash()
+        return True
+
+    def get_num_free_blocks(self):
+        return self.free_block_queue.num_free_blocks
+"""
+
+
+def write_fake_vllm(root: Path, version: str) -> None:
+    """A ``vllm`` package with the two modules the plugin touches."""
+    core = root / "vllm" / "v1" / "core"
+    core.mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    (root / "vllm" / "v1" / "__init__.py").write_text("")
+    (core / "__init__.py").write_text("")
+    (core / "kv_cache_utils.py").write_text(textwrap.dedent(KV_CACHE_UTILS))
+    (core / "block_pool.py").write_text(textwrap.dedent(BLOCK_POOL))
+
+
+def _fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str) -> Iterator[Any]:
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)  # a real vLLM comes back afterwards
+    write_fake_vllm(tmp_path, version)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    try:
+        yield importlib.import_module("vllm.v1.core.block_pool")
+    finally:
+        plugin.uninstall()
+        for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+            del sys.modules[name]
+
+
+@pytest.fixture
+def block_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The fake ``vllm.v1.core.block_pool`` module (vLLM 0.33.0)."""
+    yield from _fake_vllm(tmp_path, monkeypatch, "0.33.0")
+
+
+# ---------------------------------------------------------------------- a serving driver
+
+
+class Request:
+    """What ``cache_full_blocks`` reads of a vLLM request."""
+
+    def __init__(self, block_hashes: list[bytes]) -> None:
+        self.block_hashes = block_hashes
+
+
+def chain(*ids: int) -> list[bytes]:
+    """Chained 32-byte block hashes for a prompt of block contents ``ids``."""
+    hashes, parent = [], 0
+    for value in ids:
+        parent = hash((parent, value)) & ((1 << 64) - 1)
+        hashes.append(parent.to_bytes(32, "big"))
+    return hashes
+
+
+def admit(pool: Any, hashes: list[bytes]) -> tuple[list[Any], int]:
+    """Look up, touch the hit, allocate the rest and cache it, as vLLM's manager does."""
+    hit: list[Any] = []
+    for block_hash in hashes:
+        found = pool.get_cached_block(block_hash, [0])
+        if not found:
+            break
+        hit.append(found[0])
+    pool.touch(hit)
+    blocks = hit + pool.get_new_blocks(len(hashes) - len(hit))
+    pool.cache_full_blocks(Request(hashes), blocks, len(hit), len(hashes), 16, 0)
+    return blocks, len(hit)
+
+
+def serve(pool: Any, hashes: list[bytes]) -> int:
+    """Admit and release one request (blocks freed in reverse, as vLLM); return its hit."""
+    blocks, num_hit = admit(pool, hashes)
+    pool.free_blocks(reversed(blocks))
+    return num_hit
+
+
+def ids(blocks: list[Any]) -> list[int]:
+    return [block.block_id for block in blocks]
+
+
+class Spy(policies.LRUPolicy):
+    """LRU that records every insert's arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inserts: list[tuple[int, int, int, int, int]] = []
+
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
+        self.inserts.append((block_id, block_hash, last_access, num_accesses, depth))
+        super().insert(block_id, block_hash, last_access, num_accesses, depth)
+
+
+# ---------------------------------------------------------------------- installing
+
+
+def test_install_puts_a_policy_queue_in_new_pools_and_uninstall_restores_vllm(
+    block_pool: Any,
+) -> None:
+    originals = {name: block_pool.BlockPool.__dict__[name] for name in plugin._WRAPPERS}
+    queue_class = block_pool.FreeKVCacheBlockQueue
+    before = block_pool.BlockPool(8)
+    plugin.install("lfu")
+    pool = block_pool.BlockPool(8)
+    assert type(pool.free_block_queue) is PolicyFreeBlockQueue
+    assert isinstance(pool.free_block_queue.policy, policies.LFUPolicy)
+    assert plugin.installed_policy() == "lfu"
+    assert serve(before, chain(1, 2)) == 0 and serve(before, chain(1, 2)) == 2  # old pool works
+    assert type(before.free_block_queue) is queue_class
+    assert plugin.uninstall() is True
+    assert block_pool.FreeKVCacheBlockQueue is queue_class
+    assert {name: block_pool.BlockPool.__dict__[name] for name in originals} == originals
+    assert plugin.installed_policy() is None and plugin.uninstall() is False
+
+
+def test_install_is_idempotent_and_the_last_policy_wins(block_pool: Any) -> None:
+    plugin.install("lru")
+    plugin.install("slru")
+    touch = block_pool.BlockPool.touch
+    assert not hasattr(getattr(touch, plugin._MARK), plugin._MARK)  # wrapped once
+    assert len(plugin._patches) == 1 + len(plugin._WRAPPERS)
+    assert isinstance(block_pool.BlockPool(4).free_block_queue.policy, policies.SLRUPolicy)
+
+
+def test_install_after_vllm_is_reloaded_leaves_one_plugin(block_pool: Any) -> None:
+    plugin.install("lru")
+    old_class = block_pool.BlockPool
+    reloaded = importlib.reload(block_pool)
+    fresh = reloaded.BlockPool.__dict__["touch"]
+    assert reloaded.FreeKVCacheBlockQueue is not plugin._FACTORY  # the reload undid it
+    plugin.install("fifo")
+    assert reloaded.FreeKVCacheBlockQueue is plugin._FACTORY
+    assert getattr(reloaded.BlockPool.touch, plugin._MARK) is fresh
+    assert isinstance(reloaded.BlockPool(4).free_block_queue.policy, policies.FIFOPolicy)
+    plugin.uninstall()
+    assert reloaded.BlockPool.__dict__["touch"] is fresh
+    assert not hasattr(old_class.__dict__["touch"], plugin._MARK)
+    kv_cache_utils = sys.modules["vllm.v1.core.kv_cache_utils"]
+    assert reloaded.FreeKVCacheBlockQueue is kv_cache_utils.FreeKVCacheBlockQueue
+
+
+def test_another_vllm_version_gets_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in _fake_vllm(tmp_path, monkeypatch, "0.34.1"):
+        with pytest.raises(ConfigError, match=r"supports vLLM 0\.33\.x only; this is vLLM 0\.34"):
+            plugin.install("lru")
+        assert not hasattr(module.BlockPool.touch, plugin._MARK)
+        assert plugin.installed_policy() is None
+
+
+def test_without_vllm_install_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    with pytest.raises(ConfigError, match=r"needs vLLM 0\.33\.x"):
+        plugin.install("lru")
+
+
+@pytest.mark.parametrize(
+    ("policy", "options", "message"),
+    [
+        ("no_such_policy", {}, "unknown eviction policy"),
+        ("belady", {}, "offline optimum"),
+        ("ref_zero", {}, "no-enable-prefix-caching"),
+        ("lru", {"colour": 1}, r"refused options \['colour'\]"),
+        (42, {}, "must be a name or a policy class"),
+        (lambda: object(), {}, "no EvictionPolicy"),
+    ],
+)
+def test_a_bad_policy_is_refused_before_anything_changes(
+    block_pool: Any, policy: Any, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plugin.install(policy, **options)
+    assert plugin.installed_policy() is None
+    assert not hasattr(block_pool.BlockPool.touch, plugin._MARK)
+
+
+def test_a_policy_class_with_options(block_pool: Any) -> None:
+    plugin.install(policies.SLRUPolicy, protected_fraction=0.5)
+    assert plugin.installed_policy() == "SLRUPolicy"
+    assert isinstance(block_pool.BlockPool(4).free_block_queue.policy, policies.SLRUPolicy)
+
+
+def test_auto_is_the_registered_auto_policy_or_the_documented_default(
+    block_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin.install("auto")
+    expected = "auto" if "auto" in policies.available() else plugin.AUTO_POLICY
+    assert plugin.installed_policy() == expected
+    monkeypatch.setattr(policies, "available", lambda: ["lru"])
+    plugin.install(" AUTO ")
+    assert plugin.installed_policy() == plugin.AUTO_POLICY
+
+
+def test_the_general_plugin_installs_only_when_asked(
+    block_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(plugin.POLICY_ENV, raising=False)
+    plugin.register()
+    assert plugin.installed_policy() is None
+    monkeypatch.setenv(plugin.POLICY_ENV, "  ")
+    plugin.register()
+    assert plugin.installed_policy() is None
+    monkeypatch.setenv(plugin.POLICY_ENV, "slru")
+    monkeypatch.setenv(plugin.OPTIONS_ENV, '{"protected_fraction": 0.25}')
+    plugin.register()
+    plugin.register()  # vLLM may load plugins more than once
+    assert plugin.installed_policy() == "slru"
+    assert len(plugin._patches) == 1 + len(plugin._WRAPPERS)
+
+
+@pytest.mark.parametrize(("raw", "message"), [("{nope", "is not JSON"), ("[1]", "JSON object")])
+def test_the_plugin_refuses_bad_options(
+    block_pool: Any, monkeypatch: pytest.MonkeyPatch, raw: str, message: str
+) -> None:
+    monkeypatch.setenv(plugin.POLICY_ENV, "lru")
+    monkeypatch.setenv(plugin.OPTIONS_ENV, raw)
+    with pytest.raises(ConfigError, match=message):
+        plugin.register()
+    assert plugin.installed_policy() is None
+
+
+# ---------------------------------------------------------------------- the order
+
+
+def test_lru_reproduces_vllms_own_order_on_a_workload(block_pool: Any) -> None:
+    prompts = [chain(p % 5, *range(p % 3 + 1)) for p in range(12)] + [chain(9, 9, 9, 9)] * 3
+    runs = []
+    for install in (False, True):
+        if install:
+            plugin.install("lru")
+        pool = block_pool.BlockPool(10)
+        hits = [serve(pool, prompt) for prompt in prompts]
+        runs.append((hits, ids(pool.free_block_queue.get_all_free_blocks())))
+    assert runs[0] == runs[1]
+    assert sum(runs[0][0]) > 0
+
+
+def test_a_chain_is_eaten_from_its_end_whatever_order_it_is_freed_in(block_pool: Any) -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(5)
+    blocks, _ = admit(pool, chain(1, 2, 3))
+    pool.free_blocks(blocks)  # forward: vLLM's own queue would evict the root first
+    assert ids(pool.get_new_blocks(1)) == [4]  # the one hash-less block goes first
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == ids(blocks[::-1])
+    assert ids(pool.get_new_blocks(3)) == ids(blocks[::-1])
+
+
+def test_hash_less_blocks_go_first_newest_prepended_first(block_pool: Any) -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(6)
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == [1, 2, 3, 4, 5]
+    cached, _ = admit(pool, chain(7))
+    plain = pool.get_new_blocks(2)
+    pool.free_blocks(cached)
+    pool.free_blocks(plain)
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == [*ids(plain), 4, 5, *ids(cached)]
+
+
+def test_the_policy_learns_depth_hits_and_free_order(block_pool: Any) -> None:
+    plugin.install(Spy)
+    pool = block_pool.BlockPool(8)
+    spy = pool.free_block_queue.policy
+    serve(pool, chain(1, 2))  # blocks 1, 2; freed 2 (clock 1), then 1 (clock 2, inner)
+    serve(pool, chain(1, 2, 3))  # hits 1, 2; block 3 under 2; freed 3, 2, 1 (clocks 3-5)
+    pool.get_new_blocks(5)  # four hash-less blocks, then leaf 3, which exposes 2
+    key = [hash_ + bytes(4) for hash_ in chain(1, 2, 3)]  # vLLM's key: hash + group 0
+    assert spy.inserts == [
+        (2, policy_hash(key[1]), 1, 1, 1),
+        (3, policy_hash(key[2]), 3, 1, 2),
+        (2, policy_hash(key[1]), 4, 2, 1),  # one prefix hit since it was filled
+    ]
+
+
+def test_a_prefix_hit_takes_the_block_out_of_the_policy(block_pool: Any) -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(6)
+    serve(pool, chain(1, 2))
+    blocks, num_hit = admit(pool, chain(1, 2, 3))
+    queue = pool.free_block_queue
+    assert num_hit == 2 and len(queue.policy) == 0
+    assert queue._accesses[blocks[0].block_id] == 2
+    queue.check_invariants()
+
+
+def test_a_parent_whose_child_is_in_use_goes_only_when_no_leaf_is_left(block_pool: Any) -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(7)
+    running, _ = admit(pool, chain(1, 2))
+    pool.free_blocks([running[0]])  # a sliding window frees the root while the child runs
+    other, _ = admit(pool, chain(5))
+    pool.free_blocks(other)
+    queue = pool.free_block_queue
+    assert queue._where[running[0].block_id] == plugin._INNER
+    predicted = ids(queue.get_all_free_blocks())
+    assert predicted[-2:] == [other[0].block_id, running[0].block_id]
+    assert ids(pool.get_new_blocks(4))[-1] == other[0].block_id  # three hash-less, the leaf
+    assert ids(pool.get_new_blocks(1)) == [running[0].block_id]  # no leaf left: the inner one
+    assert running[1].block_id not in queue._parent  # the child is a root now
+    pool.free_blocks(running[1:])
+    queue.check_invariants()
+    assert len(queue.policy) == 1
+
+
+def test_unpinned_hash_less_blocks_go_last(block_pool: Any) -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(4)
+    plain = pool.get_new_blocks(1)
+    pool.unpin_blocks(plain, lambda block: None)
+    cached, _ = admit(pool, chain(3))
+    pool.free_blocks(cached)
+    assert (ids(plain), ids(cached)) == ([1], [2])
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == [3, 2, 1]  # vLLM's: 3, 1, 2
+    assert ids(pool.get_new_blocks(3)) == [3, 2, 1]
+
+
+def test_a_free_block_that_loses_its_hash_becomes_hash_less(block_pool: Any) -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(5)
+    blocks, _ = admit(pool, chain(1, 2))
+    pool.free_blocks(reversed(blocks))
+    pool.evict_blocks({blocks[0].block_id})  # a KV connector drops the root's hash
+    queue = pool.free_block_queue
+    assert queue._where[blocks[0].block_id] == plugin._FIRST
+    assert ids(queue.get_all_free_blocks()) == [3, 4, blocks[0].block_id, blocks[1].block_id]
+    pool.evict_blocks({blocks[1].block_id})
+    assert len(queue.policy) == 0 and queue.num_free_blocks == 4
+    queue.check_invariants()
+
+
+def test_moving_hashes_moves_the_links(block_pool: Any) -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(6)
+    blocks, _ = admit(pool, chain(1, 2, 3))
+    copy = pool.get_new_blocks(1)[0]
+    pool.move_block_hashes(blocks[1], copy)
+    queue = pool.free_block_queue
+    assert queue._parent[blocks[2].block_id] == copy.block_id
+    assert queue._parent[copy.block_id] == blocks[0].block_id
+    assert blocks[1].block_id not in queue._parent and blocks[1].block_id not in queue._depth
+    pool.free_blocks([copy, blocks[2], blocks[1], blocks[0]])
+    queue.check_invariants()
+    assert ids(blocks) == [1, 2, 3] and copy.block_id == 4
+    assert ids(queue.get_all_free_blocks()) == [2, 5, 3, 4, 1]  # 2 lost its hash: first
+
+
+def test_moving_a_lone_block_and_touching_the_null_block(block_pool: Any) -> None:
+    before = block_pool.BlockPool(4)  # built before install: the wrappers leave it alone
+    plugin.install("lru")
+    pool = block_pool.BlockPool(4)
+    for target in (before, pool):
+        blocks, _ = admit(target, chain(1))
+        copy = target.get_new_blocks(1)[0]
+        target.move_block_hashes(blocks[0], copy)
+        target.touch([target.null_block, copy])
+        assert target.get_cached_block(chain(1)[0], [0]) == [copy]
+    queue = pool.free_block_queue
+    assert queue._depth == {copy.block_id: 0} and queue._accesses == {copy.block_id: 2}
+    assert not queue._parent and not queue._children
+
+
+def test_resetting_the_prefix_cache_forgets_everything_and_keeps_the_order(
+    block_pool: Any,
+) -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(6)
+    serve(pool, chain(1, 2))
+    running, _ = admit(pool, chain(4))
+    assert pool.reset_prefix_cache() is False  # a block is in use: vLLM refuses
+    pool.free_blocks(running)
+    order = ids(pool.free_block_queue.get_all_free_blocks())
+    assert pool.reset_prefix_cache() is True
+    queue = pool.free_block_queue
+    assert ids(queue.get_all_free_blocks()) == order
+    assert len(queue.policy) == 0 and not queue._parent and not queue._depth
+    queue.check_invariants()
+
+
+def test_touch_takes_any_iterable(block_pool: Any) -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(4)
+    serve(pool, chain(1))
+    found = pool.get_cached_block(chain(1)[0], [0])
+    pool.touch(iter(found))
+    assert pool.free_block_queue._accesses[found[0].block_id] == 2
+
+
+# ---------------------------------------------------------------------- the queue alone
+
+
+class Block:
+    """A stand-in ``KVCacheBlock``: what the queue reads and the two link fields."""
+
+    def __init__(self, block_id: int, block_hash: bytes | None = None) -> None:
+        self.block_id, self.block_hash, self.is_null = block_id, block_hash, False
+        self.prev_free_block: Any = None
+        self.next_free_block: Any = None
+
+
+def test_the_queue_refuses_what_vllms_refuses() -> None:
+    blocks = [Block(i) for i in range(3)]
+    queue = PolicyFreeBlockQueue(blocks, policies.LRUPolicy())
+    with pytest.raises(ValueError, match="cannot take 4 free blocks: 3 are free"):
+        queue.popleft_n(4)
+    assert queue.num_free_blocks == 3 and queue.popleft_n(0) == []
+    with pytest.raises(RuntimeError, match="already free"):
+        queue.append(blocks[0])
+    with pytest.raises(RuntimeError, match="already free"):
+        queue.prepend_n([blocks[1]])
+    assert ids(queue.popleft_n(3)) == [0, 1, 2]
+    with pytest.raises(ValueError, match="No free blocks available"):
+        queue.popleft()
+    with pytest.raises(RuntimeError, match="invalid block"):
+        queue.remove(blocks[0])
+    queue.append(blocks[2])
+    assert queue.popleft() is blocks[2]
+    queue.prepend_n(blocks[:2])
+    queue.remove(blocks[1])  # a hash-less free block, taken from the middle
+    assert queue.get_all_free_blocks() == [blocks[0]] and queue.num_free_blocks == 1
+
+
+def test_iter_blocks_after_walks_from_a_cursor() -> None:
+    blocks = [Block(i, bytes([i]) * 12) for i in range(4)]
+    queue = PolicyFreeBlockQueue([], policies.LRUPolicy())
+    queue.append_n(blocks)
+    assert list(queue.iter_blocks_after(None)) == blocks
+    assert list(queue.iter_blocks_after(blocks[1])) == blocks[2:]
+    queue.remove(blocks[1])
+    assert list(queue.iter_blocks_after(blocks[1])) == []  # not free: vLLM yields nothing
+    assert list(queue.iter_blocks_after(blocks[3])) == []
+
+
+def test_policy_hash_folds_the_group_and_takes_anything() -> None:
+    key = bytes(range(32)) + (3).to_bytes(4, "big")
+    assert policy_hash(key) == (int.from_bytes(bytes(range(8)), "little") ^ 3) & ((1 << 63) - 1)
+    assert 0 <= policy_hash(-5) < 1 << 63 and policy_hash(b"short") == hash(b"short") & (
+        (1 << 63) - 1
+    )
+
+
+def test_a_policy_that_breaks_its_contract_is_caught() -> None:
+    class Liar(policies.LRUPolicy):
+        def evict(self, num_blocks: int) -> list[int]:
+            return [99]
+
+    queue = PolicyFreeBlockQueue([], Liar())
+    queue.append(Block(1, b"x" * 12))
+    with pytest.raises(InvariantError, match="evicted 99"):
+        queue.popleft()
+
+    class Mute(policies.LRUPolicy):
+        def evict(self, num_blocks: int) -> list[int]:
+            return []
+
+    queue = PolicyFreeBlockQueue([], Mute())
+    queue.append(Block(1, b"x" * 12))
+    with pytest.raises(InvariantError, match="1 blocks counted free, none found"):
+        queue.popleft()
+
+
+def _linked_queue() -> tuple[PolicyFreeBlockQueue, list[Block]]:
+    blocks = [Block(i, bytes([i + 1]) * 12) for i in range(3)]
+    queue = PolicyFreeBlockQueue([], policies.LRUPolicy())
+    queue.note_registered(blocks, 0, 3)
+    queue.append_n(blocks[::-1])
+    queue.check_invariants()
+    return queue, blocks
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda q: q.policy.discard(2), "not tracked"),
+        (lambda q: q._children.pop(1), "no cached child"),
+        (lambda q: q._where.__setitem__(0, plugin._LAST), "chain"),
+        (lambda q: setattr(q, "num_free_blocks", 7), "free"),
+        (lambda q: q._children[1].clear(), "does not list it"),
+        (lambda q: q._children[0].add(5), "a child is listed"),
+        (lambda q: q._children.__setitem__(2, {9}), "has children"),
+    ],
+)
+def test_check_invariants_catches_corruption(corrupt: Any, message: str) -> None:
+    queue, _ = _linked_queue()
+    corrupt(queue)
+    with pytest.raises(InvariantError, match=message):
+        queue.check_invariants()
+
+
+def test_a_free_leaf_that_gains_a_child_stops_being_a_leaf() -> None:
+    queue, blocks = _linked_queue()
+    extra = Block(5, b"e" * 12)
+    queue.note_registered([blocks[2], extra], 1, 2)
+    assert queue._where[2] == plugin._INNER and 2 not in queue.policy
+    queue.note_registered([blocks[2], extra], 1, 2)  # a second time changes nothing
+    queue.check_invariants()
+    # No leaf: the oldest inner block (1) goes, which makes 0 a leaf; then 2 (inner last).
+    assert ids(queue.popleft_n(3)) == [1, 0, 2]
+
+
+# ---------------------------------------------------------------------- a state machine
+
+
+POLICIES = ["lru", "fifo", "lfu", "slru", "s3fifo", "arc", "protected_lru", "reuse_lru"]
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Random requests on a fake vLLM pool with the plugin; vLLM's bookkeeping checked."""
+
+    pool: Any
+
+    @initialize(policy=st.sampled_from(POLICIES), num_blocks=st.integers(4, 12))
+    def start(self, policy: str, num_blocks: int) -> None:
+        plugin.install(policy)
+        self.pool = self.block_pool.BlockPool(num_blocks)
+        self.running: list[list[Any]] = []
+
+    @rule(prompt=st.lists(st.integers(0, 3), min_size=1, max_size=4))
+    def admit(self, prompt: list[int]) -> None:
+        hashes = chain(*prompt)
+        if len(hashes) > self.pool.get_num_free_blocks():
+            return
+        queue = self.pool.free_block_queue
+        children = {parent: set(kids) for parent, kids in queue._children.items()}
+        blocks, num_hit = admit(self.pool, hashes)
+        taken: set[int] = set()
+        for block in blocks[num_hit:]:  # leaf-only: a block goes after its cached children
+            assert children.get(block.block_id, set()) <= taken, (block, children)
+            taken.add(block.block_id)
+        self.running.append(blocks)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), reverse=st.booleans())
+    def release(self, data: st.DataObject, reverse: bool) -> None:
+        blocks = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
+        self.pool.free_blocks(reversed(blocks) if reverse else blocks)
+
+    @rule(block_id=st.integers(1, 11))
+    def connector_evicts(self, block_id: int) -> None:
+        if block_id < len(self.pool.blocks):
+            self.pool.evict_blocks({block_id})
+
+    @invariant()
+    def bookkeeping_holds(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is None:
+            return
+        queue = pool.free_block_queue
+        queue.check_invariants()
+        free = [b for b in pool.blocks if b.ref_cnt == 0 and not b.is_null]
+        assert queue.num_free_blocks == len(free) == pool.get_num_free_blocks()
+        assert {id(b) for b in queue.get_all_free_blocks()} == {id(b) for b in free}
+        for key, blocks in pool.cached.items():
+            assert all(block.block_hash == key for block in blocks.values())
+        for block in pool.blocks:  # every cached block is findable by its hash
+            assert block.block_hash is None or block.block_id in pool.cached[block.block_hash]
+        holders = [b for blocks in self.running for b in blocks]
+        assert all(block.ref_cnt > 0 for block in holders)
+
+    def teardown(self) -> None:
+        plugin.uninstall()
+
+
+def test_the_state_machine(block_pool: Any) -> None:
+    machine = type("Machine", (PoolMachine,), {"block_pool": block_pool})
+    run_state_machine_as_test(
+        machine, settings=settings(max_examples=40, stateful_step_count=30, deadline=None)
+    )
+
+
+def test_get_all_free_blocks_is_the_hand_out_order(block_pool: Any) -> None:
+    for policy in POLICIES:
+        plugin.install(policy)
+        pool = block_pool.BlockPool(9)
+        for prompt in ([1, 2, 3], [1, 2, 4], [5], [1, 2, 3], [6, 7], [5, 8]):
+            serve(pool, chain(*prompt))
+        queue = pool.free_block_queue
+        predicted = ids(queue.get_all_free_blocks())
+        assert ids(queue.popleft_n(queue.num_free_blocks)) == predicted, policy
+
+
+def test_the_module_imports_without_vllm() -> None:
+    code = "import sys, prefixcache.integrations.vllm; print('vllm' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
