@@ -213,9 +213,10 @@ void Engine::on_unreferenced(const std::vector<int32_t>& block_ids) {
     for (const int32_t block_id : block_ids) push_free(block_id);
     return;
   }
-  std::vector<int32_t> hashed, unhashed;
-  hashed.reserve(block_ids.size());
-  unhashed.reserve(block_ids.size());
+  std::vector<int32_t>& hashed = hashed_;
+  std::vector<int32_t>& unhashed = unhashed_;
+  hashed.clear();
+  unhashed.clear();
   for (const int32_t block_id : block_ids) {
     (is_registered(block_id) ? hashed : unhashed).push_back(block_id);
   }

@@ -188,6 +188,7 @@ class Engine {
   std::vector<int32_t> slot_;    // b's index in unique_ while stamped
   uint32_t generation_ = 0;
   std::vector<int32_t> unique_, counts_, held_, scratch_, scratch2_, stack_scratch_;
+  std::vector<int32_t> hashed_, unhashed_;  // on_unreferenced's split
   std::vector<int32_t> hits_;
   std::vector<uint8_t> flags_;
 

@@ -172,7 +172,16 @@ int64_t Engine::admit(const int64_t* hashes, size_t num_full, size_t num_matchab
   const int64_t needed = static_cast<int64_t>(num_blocks - num_hit);
   int64_t cached_hits = 0;
   if (num_hit) {
-    count_occurrences(hits_.data(), num_hit);
+    // A chain (each block the parent of the next) repeats no block, which
+    // spares the duplicate scan; a hash collision may break the chain.
+    bool chain = true;
+    for (size_t i = 1; i < num_hit && chain; ++i) chain = parent_[hits_[i]] == hits_[i - 1];
+    if (chain) {
+      unique_.assign(hits_.begin(), hits_.begin() + static_cast<std::ptrdiff_t>(num_hit));
+      counts_.clear();
+    } else {
+      count_occurrences(hits_.data(), num_hit);
+    }
     for (const int32_t block_id : unique_) cached_hits += is_unreferenced(block_id);
   }
   if (needed > num_free_ + num_cached_ - cached_hits) {
