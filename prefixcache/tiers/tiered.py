@@ -94,7 +94,7 @@ class TieredCache:
 
     Methods by purpose:
 
-    - Allocation: :meth:`allocate`, :meth:`release`.
+    - Allocation: :meth:`allocate`, :meth:`release`, :meth:`evict`.
     - Prefix reuse: :meth:`match`, :meth:`register`.
     - Copies: :meth:`take_transfer` (the queued demotions and promotions, in order).
     - Weights: :meth:`begin_weight_epoch`, :attr:`epochs`.
@@ -164,6 +164,35 @@ class TieredCache:
         if self.reclaim_per_call:
             self.host.reclaim(self.reclaim_per_call)
         return block_ids
+
+    def evict(self, num_blocks: int) -> int:
+        """Evict up to ``num_blocks`` cached device blocks now, demoting their hashes.
+
+        The allocator's own ``evict_cached_blocks`` would free the blocks
+        without saying which hash each held, so the tier evicts by handing
+        out every free block plus ``num_blocks`` (the allocator evicts
+        through its policy), demoting what those held, and giving them back.
+        For trimming a cache between requests (trace replay); a scheduler
+        that allocates on demand demotes through :meth:`allocate` anyway.
+
+        Returns:
+            How many cached blocks were evicted.
+
+        Raises:
+            InvalidArgumentError: ``num_blocks`` is not an int >= 0.
+
+        Complexity: O(free blocks + num_blocks).
+        """
+        num_blocks = require_int(num_blocks, "num_blocks", minimum=0)
+        allocator = self.allocator
+        num_evicted = min(num_blocks, allocator.get_evictable_block_count())
+        if not num_evicted:
+            return 0
+        num_free = allocator.num_usable - allocator.get_total_used()
+        ids = self.allocate(num_free + num_evicted)
+        assert ids is not None  # free + evictable blocks are always there to take
+        allocator.release_memory_blocks(ids)
+        return num_evicted
 
     def release(self, block_ids: BlockIdsLike, *, paused: bool = False) -> None:
         """Drop one reference per occurrence, as :meth:`KVBlockAllocator.release_memory_blocks`.
