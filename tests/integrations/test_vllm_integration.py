@@ -1,0 +1,236 @@
+"""prefixcache's vLLM plugin driving vLLM's real ``BlockPool`` (skipped without vLLM 0.33).
+
+Run where vLLM is installed (``../shared/bench/README.md`` builds such a venv), with the
+checkout on the path: ``PYTHONPATH=. $PEERS_VENV/bin/python -m pytest -q -p no:cacheprovider
+tests/integrations/test_vllm_integration.py``. ``test_vllm_plugin.py`` tests the same
+logic on a fake vLLM, in CI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from prefixcache.integrations import vllm as plugin
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (CI); see the module docstring")
+if not str(vllm.__version__).startswith(plugin.SUPPORTED_VERSION + "."):
+    pytest.skip(
+        f"vLLM {vllm.__version__} is not {plugin.SUPPORTED_VERSION}.x", allow_module_level=True
+    )
+
+block_pool = importlib.import_module("vllm.v1.core.block_pool")
+kv_cache_utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+
+POLICIES = ["lru", "fifo", "lfu", "slru", "s3fifo", "arc", "protected_lru", "reuse_lru", "hazard"]
+
+
+@pytest.fixture(autouse=True)
+def _uninstalled() -> Iterator[None]:
+    plugin.uninstall()
+    yield
+    plugin.uninstall()
+
+
+class Request:
+    """What ``BlockPool.cache_full_blocks`` reads of a vLLM request (events off)."""
+
+    def __init__(self, block_hashes: list[bytes]) -> None:
+        self.block_hashes = block_hashes
+
+
+def chain(*ids: int) -> list[bytes]:
+    """Chained 32-byte block hashes (vLLM's ``BlockHash``) for blocks of content ``ids``."""
+    hashes, parent = [], 0
+    for value in ids:
+        parent = hash((parent, value)) & ((1 << 64) - 1)
+        hashes.append(parent.to_bytes(32, "big"))
+    return hashes
+
+
+def admit(pool: Any, hashes: list[bytes]) -> tuple[list[Any], int]:
+    """vLLM's manager's steps: longest cached prefix, touch it, allocate, cache the rest."""
+    hit: list[Any] = []
+    for block_hash in hashes:
+        found = pool.get_cached_block(block_hash, [0])
+        if not found:
+            break
+        hit.append(found[0])
+    pool.touch(hit)
+    blocks = hit + pool.get_new_blocks(len(hashes) - len(hit))
+    pool.cache_full_blocks(Request(hashes), blocks, len(hit), len(hashes), 16, 0)
+    return blocks, len(hit)
+
+
+def run_workload(pool: Any, seed: int, steps: int = 400) -> tuple[list[int], list[int]]:
+    """Concurrent requests on shared prefixes, freed in reverse as vLLM frees them."""
+    rng = random.Random(seed)
+    running: list[list[Any]] = []
+    hits: list[int] = []
+    for _ in range(steps):
+        if running and (rng.random() < 0.45 or pool.get_num_free_blocks() < 8):
+            pool.free_blocks(reversed(running.pop(rng.randrange(len(running)))))
+            continue
+        prompt = [rng.randrange(4)] + [rng.randrange(3) for _ in range(rng.randrange(1, 6))]
+        blocks, num_hit = admit(pool, chain(*prompt))
+        hits.append(num_hit)
+        running.append(blocks)
+    return hits, [block.block_id for block in pool.free_block_queue.get_all_free_blocks()]
+
+
+def test_lru_reproduces_vllms_own_order_exactly() -> None:
+    for seed in range(5):
+        vanilla = run_workload(block_pool.BlockPool(24, True, 16), seed)
+        plugin.install("lru")
+        pool = block_pool.BlockPool(24, True, 16)
+        assert type(pool.free_block_queue) is plugin.PolicyFreeBlockQueue
+        assert run_workload(pool, seed) == vanilla
+        pool.free_block_queue.check_invariants()
+        plugin.uninstall()
+        assert type(block_pool.BlockPool(4, True, 16).free_block_queue) is (
+            kv_cache_utils.FreeKVCacheBlockQueue
+        )
+
+
+def hot_prefix_and_scan(pool: Any, rounds: int = 30) -> float:
+    """A hot 4-block prefix reused between scans of one-off 3-block prompts."""
+    hit = total = 0
+    fresh = 1000
+    for _ in range(rounds):
+        for prompt in ([0, 1, 2, 3, 7], [0, 1, 2, 3, 8]):
+            blocks, num_hit = admit(pool, chain(*prompt))
+            pool.free_blocks(reversed(blocks))
+            hit, total = hit + num_hit, total + len(prompt)
+        for _ in range(4):
+            fresh += 3
+            blocks, num_hit = admit(pool, chain(fresh, fresh + 1, fresh + 2))
+            pool.free_blocks(reversed(blocks))
+            hit, total = hit + num_hit, total + 3
+    return hit / total
+
+
+def test_hit_rates_differ_from_lru_as_the_policies_say() -> None:
+    vanilla = hot_prefix_and_scan(block_pool.BlockPool(14, True, 16))
+    rates = {}
+    for policy in POLICIES:
+        plugin.install(policy)
+        rates[policy] = hot_prefix_and_scan(block_pool.BlockPool(14, True, 16))
+    # A scan of twelve one-off blocks flushes the hot prefix under LRU. FIFO is LRU here:
+    # a hit takes a block out of the free queue and its release inserts it anew.
+    assert rates["lru"] == rates["fifo"] == vanilla
+    for policy in ("lfu", "slru", "s3fifo", "hazard"):  # reused blocks outlive one-off ones
+        assert rates[policy] > vanilla + 0.1, rates
+    for policy in ("arc", "protected_lru", "reuse_lru"):
+        assert rates[policy] > vanilla + 0.03, rates
+
+
+def test_a_chain_freed_forward_is_still_eaten_from_its_end() -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(5, True, 16)
+    blocks, _ = admit(pool, chain(1, 2, 3))
+    pool.free_blocks(blocks)  # forward: vLLM's queue would drop the root first
+    order = [b.block_id for b in pool.get_new_blocks(4)]
+    assert order[1:] == [b.block_id for b in reversed(blocks)]
+
+
+def test_install_after_reloading_vllms_block_pool_leaves_one_plugin() -> None:
+    plugin.install("lru")
+    reloaded = importlib.reload(block_pool)
+    plugin.install("lfu")
+    plugin.install("lfu")
+    touch = reloaded.BlockPool.touch
+    assert not hasattr(getattr(touch, plugin._MARK), plugin._MARK)
+    assert reloaded.FreeKVCacheBlockQueue is plugin._FACTORY
+    assert plugin.uninstall() is True
+    assert reloaded.FreeKVCacheBlockQueue is kv_cache_utils.FreeKVCacheBlockQueue
+    assert not hasattr(reloaded.BlockPool.touch, plugin._MARK)
+
+
+def test_the_general_plugin_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(plugin.POLICY_ENV, "s3fifo")
+    plugin.register()
+    assert plugin.installed_policy() == "s3fifo"
+    assert type(block_pool.BlockPool(4, True, 16).free_block_queue) is plugin.PolicyFreeBlockQueue
+
+
+class RealPoolMachine(RuleBasedStateMachine):
+    """Random requests on vLLM's real ``BlockPool`` with the plugin; vLLM's bookkeeping
+    (free count, reference counts, every cached block findable by its hash), the queue's
+    invariants and the leaf-only law checked after every step."""
+
+    @initialize(policy=st.sampled_from(POLICIES), num_blocks=st.integers(4, 14))
+    def start(self, policy: str, num_blocks: int) -> None:
+        plugin.install(policy)
+        self.pool = block_pool.BlockPool(num_blocks, True, 16)
+        self.running: list[list[Any]] = []
+
+    @rule(prompt=st.lists(st.integers(0, 3), min_size=1, max_size=5))
+    def admit(self, prompt: list[int]) -> None:
+        hashes = chain(*prompt)
+        if len(hashes) > self.pool.get_num_free_blocks():
+            return
+        children = {p: set(k) for p, k in self.pool.free_block_queue._children.items()}
+        blocks, num_hit = admit(self.pool, hashes)
+        taken: set[int] = set()
+        for block in blocks[num_hit:]:
+            assert children.get(block.block_id, set()) <= taken
+            taken.add(block.block_id)
+        self.running.append(blocks)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), reverse=st.booleans())
+    def release(self, data: st.DataObject, reverse: bool) -> None:
+        blocks = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
+        self.pool.free_blocks(reversed(blocks) if reverse else blocks)
+
+    @rule(block_id=st.integers(1, 13))
+    def connector_evicts(self, block_id: int) -> None:
+        if block_id < len(self.pool.blocks):
+            self.pool.evict_blocks({block_id})
+
+    @precondition(lambda self: not self.running)
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        assert self.pool.reset_prefix_cache()
+
+    @invariant()
+    def bookkeeping_holds(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is None:
+            return
+        queue = pool.free_block_queue
+        queue.check_invariants()
+        free = [b for b in pool.blocks if b.ref_cnt == 0 and not b.is_null]
+        assert pool.get_num_free_blocks() == len(free)
+        assert {id(b) for b in queue.get_all_free_blocks()} == {id(b) for b in free}
+        held = [b for blocks in self.running for b in blocks]
+        for block in pool.blocks:
+            if block.is_null:
+                continue
+            assert block.ref_cnt == sum(1 for h in held if h is block)
+            if block.block_hash is not None:
+                assert pool.cached_block_hash_to_block.contain(block.block_hash, block.block_id)
+
+    def teardown(self) -> None:
+        plugin.uninstall()
+
+
+def test_the_state_machine_on_vllms_block_pool() -> None:
+    run_state_machine_as_test(
+        RealPoolMachine,
+        settings=settings(max_examples=60, stateful_step_count=40, deadline=None),
+    )
