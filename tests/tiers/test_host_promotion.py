@@ -38,9 +38,16 @@ def test_an_evicted_prefix_is_promoted_with_the_kv_it_was_demoted_with(make_loop
     loop.tiered.check()
 
 
-def test_a_random_workload_always_reads_the_kv_of_its_hashes(make_loop):
+def engines() -> list[str]:
+    from prefixcache.engine.native_engine import native_available
+
+    return ["python", "native"] if native_available() else ["python"]
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_a_random_workload_always_reads_the_kv_of_its_hashes(make_loop, engine):
     rng = random.Random(7)
-    loop = make_loop(13, 12)
+    loop = make_loop(13, 12, engine=engine)
     family = [prompt(seed, rng.randint(1, 5)) for seed in range(10)]
     running: list[str] = []
     for step in range(200):
