@@ -5,6 +5,13 @@ Sections:
 - **Policy contract** (:class:`PolicyContract`): a pytest mixin that checks
   the laws every eviction policy keeps, for the built-in policies and
   third-party ones alike, as cachetools ships a mixin for its caches.
+- **State digest** (:func:`state_digest`, :func:`changed_fields`,
+  :func:`pool_digest`): one description of an allocator's whole state, to
+  check that a refused or failed call changes nothing (DESIGN.md invariant 6)
+  and to compare two allocators, on either engine.
+- **Reference model** (:class:`ReferenceModel`): the references a caller
+  holds, one entry per reference, and the hashes it saw registered: the much
+  simpler model a stateful test checks the allocator against.
 
 Nothing here is imported by the library itself; pytest is imported only
 when a law is skipped.
@@ -14,12 +21,25 @@ from __future__ import annotations
 
 import copy
 import random
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from prefixcache.policies import EvictionPolicy, has_hook, is_transactional
 
-__all__ = ["PolicyContract"]
+if TYPE_CHECKING:
+    from prefixcache.engine.allocator import KVBlockAllocator
+    from prefixcache.engine.pool import BlockPool
+
+__all__ = [
+    "PolicyContract",
+    "ReferenceModel",
+    "changed_fields",
+    "pool_digest",
+    "state_digest",
+]
 
 
 # ====================================================================== policy contract
@@ -462,3 +482,220 @@ class PolicyContract:
         for step in range(20):
             results = driver.step([twin, policy])
             assert results[0] == results[1], f"step {step} after the abort"
+
+
+# ====================================================================== state digest
+
+
+def _free_ids(engine: Any) -> list[int]:
+    """The engine's free stack in order (native: the engine's; Python: its pool's)."""
+    free_ids = getattr(engine, "free_ids", None)
+    ids = free_ids() if free_ids is not None else engine.pool.free_ids()
+    return [int(block_id) for block_id in ids]
+
+
+def _python_engine_internals(allocator: KVBlockAllocator, policy: Any) -> dict[str, Any]:
+    """What only the Python engine can show: access clocks, queued releases, tree shape, order.
+
+    The seam does not expose these (the native engine keeps them in C++, where
+    the differential test of ``tests/native/`` compares them); a digest that
+    saw only the seam could miss a half-applied call on the reference engine.
+    """
+    refs = allocator._engine.refs  # type: ignore[attr-defined]
+    registry = allocator.registry
+    return {
+        "last_access": refs.last_access.tolist(),
+        "num_accesses": refs.num_accesses.tolist(),
+        "pending_releases": refs.pending.tolist(),
+        "pending_chunks": [chunk.tolist() for chunk in refs._pending_chunks],
+        "group_depth": refs.group_depth,
+        "hash_map": sorted(registry.items()),
+        "parent_of": registry.parent_of.tolist(),
+        "num_children": registry.num_children.tolist(),
+        "depth_of": registry.depth_of.tolist(),
+        "policy_size": len(policy),
+        "policy_tracked": [b for b in range(allocator.total_count) if b in policy],
+        "policy_order": _policy_order(policy),
+    }
+
+
+def _policy_order(policy: Any) -> list[int] | None:
+    """The policy's own ``eviction_order()``, else a transactional copy's ``evict`` order.
+
+    The policy's own reading comes first: a test policy whose ``evict`` follows a
+    script (consumed by a refused call) keeps its true order there. A policy of
+    the old protocol without ``eviction_order()`` shows none (its ``evict`` may
+    be a script); its tracked set is still compared.
+    """
+    own = getattr(policy, "eviction_order", None)
+    if callable(own):
+        return list(own())
+    return eviction_order(policy) if is_transactional(policy) else None
+
+
+def state_digest(allocator: KVBlockAllocator, *, policy: Any = None) -> dict[str, Any]:
+    """Everything observable of ``allocator``, by name, for "nothing changed" checks.
+
+    Engine-agnostic part (through the public API and the :class:`EngineCore`
+    seam, so it works for ``engine="python"`` and ``engine="native"`` alike):
+    ``stats()``, ``str()``, the clock, the engine's counters, the free stack in
+    order, every usable block's reference counts and state, the registered
+    chains (hash, block, parent hash), the verify-mode fingerprints, the
+    routing store's written flags and values, and the queued KV events.
+    On the Python engine it adds the internals the seam does not expose (see
+    :func:`_python_engine_internals`): per-block access clocks and queued
+    releases, the registry's tree, and the policy's tracked set and eviction
+    order (its ``eviction_order()``, or read from a copy: the policy is unchanged).
+
+    Args:
+        allocator: the allocator to describe.
+        policy: the policy whose order to read, when the allocator's own is a
+            wrapper that must not be driven (a fault-injecting one); default
+            ``allocator.policy``.
+
+    Returns:
+        A dict of plain values; equal dicts mean indistinguishable allocators
+        (:func:`changed_fields` names the fields that differ).
+
+    Complexity:
+        O(total_count + registered + events), plus a copy of the policy on the
+        Python engine.
+    """
+    engine = allocator._engine
+    usable = np.arange(allocator.num_usable, dtype=np.int32)
+    active, paused = engine.reference_counts(usable)
+    routing = allocator.routing
+    events = allocator.events
+    digest: dict[str, Any] = {
+        "engine": allocator.engine,
+        "stats": allocator.stats(),
+        "str": str(allocator),
+        "clock": allocator.clock,
+        "counters": engine.counters(),
+        "free_stack": _free_ids(engine),
+        "active_refs": [int(count) for count in active],
+        "paused_refs": [int(count) for count in paused],
+        "block_states": [engine.describe_state(b) for b in range(allocator.num_usable)],
+        "chains": sorted(
+            (block_hash, engine.block_of(block_hash), parent)
+            for block_hash, parent in engine.registered_chains()
+        ),
+        "block_hashes": [engine.hash_of(b) for b in range(allocator.num_usable)],
+        "fingerprints": list(allocator._fingerprint_of_block),
+        "routing_written": None if routing is None else routing._written.tolist(),
+        "routing_data": None if routing is None else routing._data.tobytes(),
+        "events": None if events is None else list(events._queue),
+    }
+    if allocator.engine == "python":
+        chosen = allocator.policy if policy is None else policy
+        digest.update(_python_engine_internals(allocator, chosen))
+    return digest
+
+
+def changed_fields(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Names of the digest fields that differ, each with a short ``before -> after``."""
+    return [
+        f"{name}: {_short(value)} -> {_short(after.get(name))}"
+        for name, value in before.items()
+        if after.get(name) != value
+    ]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def pool_digest(pool: BlockPool) -> tuple[int, list[int]]:
+    """A :class:`~prefixcache.engine.pool.BlockPool`'s state: free count and free stack."""
+    return pool.num_free, pool.free_ids().tolist()
+
+
+# ====================================================================== reference model
+
+
+@dataclass
+class ReferenceModel:
+    """Who holds which reference, and what was registered: the stateful tests' model.
+
+    Much simpler than the allocator, as hypothesis.stateful recommends: a list
+    with one entry per reference held (active or paused) and a hash -> block
+    map of what the caller saw registered. The allocator's reference counts,
+    used counts and budget checks must agree with it after every step.
+
+    Attributes:
+        active: one block ID per active reference held.
+        paused: one block ID per paused reference held.
+        block_of_hash: hash -> block the caller saw registered and still cached.
+    """
+
+    active: list[int] = field(default_factory=list)
+    paused: list[int] = field(default_factory=list)
+    block_of_hash: dict[int, int] = field(default_factory=dict)
+
+    def held(self) -> set[int]:
+        """Every block with at least one reference held."""
+        return set(self.active) | set(self.paused)
+
+    def handed_out(self, block_ids: list[int]) -> None:
+        """Fresh blocks came back active: their old hashes are gone.
+
+        Raises:
+            AssertionError: a block handed out while the model holds it.
+        """
+        held = self.held()
+        for block_id in block_ids:
+            assert block_id not in held, f"block {block_id} handed out while held"
+            self.forget_block(block_id)
+        self.active.extend(block_ids)
+
+    def forget_block(self, block_id: int) -> None:
+        """A block came back fresh: whatever hash it carried is gone."""
+        self.block_of_hash = {h: b for h, b in self.block_of_hash.items() if b != block_id}
+
+    def take(self, pool: list[int], picks: list[int]) -> list[int]:
+        """Remove the references at indexes ``picks`` (distinct) of ``pool`` and return them."""
+        taken = [pool[i] for i in picks]
+        for i in sorted(picks, reverse=True):
+            pool.pop(i)
+        return taken
+
+    def reset(self) -> None:
+        """The allocator was reset: nothing is held or registered."""
+        self.active.clear()
+        self.paused.clear()
+        self.block_of_hash.clear()
+
+    def num_paused_blocks(self, active: Counter[int], paused: Counter[int]) -> int:
+        """Blocks that only paused references hold, for the given reference multisets."""
+        return sum(1 for block, count in paused.items() if count and not active[block])
+
+    def pause_exceeds(self, taken: list[int], paused_count: int) -> bool:
+        """Whether pausing ``taken`` (already out of :attr:`active`) breaks the paused budget.
+
+        A pause that does not grow the paused partition is allowed even over budget.
+        """
+        before = self.num_paused_blocks(Counter(self.active + taken), Counter(self.paused))
+        after = self.num_paused_blocks(Counter(self.active), Counter(self.paused + taken))
+        return after > before and after > paused_count
+
+    def resume_exceeds(self, taken: list[int], active_count: int) -> bool:
+        """Whether resuming ``taken`` (already out of :attr:`paused`) breaks the active budget."""
+        newly_active = set(taken) - set(self.active)
+        return bool(newly_active) and len(set(self.active) | newly_active) > active_count
+
+    def check(self, allocator: KVBlockAllocator) -> None:
+        """Assert the allocator's reference counts and used counts match the model.
+
+        Raises:
+            AssertionError: naming the first disagreement.
+        """
+        ids = list(range(allocator.num_usable))
+        active, paused = allocator.reference_counts(ids)
+        held_active, held_paused = Counter(self.active), Counter(self.paused)
+        assert active.tolist() == [held_active[b] for b in ids], "active reference counts"
+        assert paused.tolist() == [held_paused[b] for b in ids], "paused reference counts"
+        assert allocator.get_active_used() == len(held_active), "active blocks used"
+        assert allocator.get_paused_used() == len(set(held_paused) - set(held_active)), (
+            "paused blocks used"
+        )

@@ -1,9 +1,10 @@
 """Shared fixtures of the unit tests: small allocators and a digest of their whole state.
 
-``state_digest`` is what "a call that raises changes nothing" (DESIGN.md
-invariant 6) is checked against. With ``--import-mode=importlib`` a test
-module cannot import this file, so the helpers reach tests as fixtures:
-``digest`` returns :func:`state_digest` and ``refuses`` returns
+``state_digest`` (the one copy, in the public test kit
+:mod:`prefixcache.testing`) is what "a call that raises changes nothing"
+(DESIGN.md invariant 6) is checked against. With ``--import-mode=importlib``
+a test module cannot import this file, so the helpers reach tests as
+fixtures: ``digest`` returns :func:`state_digest` and ``refuses`` returns
 :func:`assert_refused`.
 """
 
@@ -15,9 +16,9 @@ from typing import Any
 
 import pytest
 import torch
-from prefixcache.policies import LRUPolicy
 
 from prefixcache import KVBlockAllocator, PrefixCacheError
+from prefixcache.testing import changed_fields, state_digest
 
 TOTAL_COUNT = 16
 PAUSED_COUNT = 4
@@ -30,48 +31,6 @@ HASHES_A = (101, 102, 103)
 """Hashes of the populated allocator's active chain."""
 HASHES_C = (201, 202)
 """Hashes of the populated allocator's released chain (cached under LRU, freed under ref-zero)."""
-
-
-def state_digest(allocator: KVBlockAllocator) -> tuple[Any, ...]:
-    """Everything observable of ``allocator``, for "nothing changed after an error" checks.
-
-    Covers the counters (``stats()``, ``str()``, the clock), the free stack in
-    order, per-block reference counts, access clocks and queued releases, the
-    registry's hash map, parent links, child counts and depths, the policy's
-    tracked set and (for LRU) its eviction order, and the routing store's
-    written flags and values. Reads private state on purpose: a digest that
-    only saw public counters could miss a half-applied call.
-
-    Args:
-        allocator: the allocator to describe.
-
-    Returns:
-        A tuple of plain values; equal tuples mean indistinguishable allocators.
-    """
-    policy = allocator.policy
-    registry = allocator.registry
-    routing = allocator.routing
-    return (
-        allocator.stats(),
-        str(allocator),
-        allocator.clock,
-        allocator.pool.free_ids().tolist(),
-        allocator._engine.refs.active.tolist(),
-        allocator._engine.refs.paused.tolist(),
-        allocator._engine.refs.last_access.tolist(),
-        allocator._engine.refs.num_accesses.tolist(),
-        allocator._engine.refs.pending.tolist(),
-        sorted(registry.items()),
-        [registry.hash_of(block_id) for block_id in range(allocator.total_count)],
-        registry.parent_of.tolist(),
-        registry.num_children.tolist(),
-        registry.depth_of.tolist(),
-        len(policy),
-        [block_id for block_id in range(allocator.total_count) if block_id in policy],
-        policy.eviction_order() if isinstance(policy, LRUPolicy) else None,
-        None if routing is None else routing._written.tolist(),
-        None if routing is None else routing._data.tobytes(),
-    )
 
 
 def assert_refused(
@@ -91,7 +50,8 @@ def assert_refused(
         call(*args, **kwargs)
     assert type(info.value).__module__ == "prefixcache.errors"
     assert isinstance(info.value, PrefixCacheError)
-    assert state_digest(allocator) == before
+    after = state_digest(allocator)
+    assert after == before, changed_fields(before, after)
     allocator.check_invariants()
     return info.value
 
@@ -147,7 +107,7 @@ def populate(allocator: KVBlockAllocator) -> SimpleNamespace:
 
 
 @pytest.fixture
-def digest() -> Callable[[KVBlockAllocator], tuple[Any, ...]]:
+def digest() -> Callable[[KVBlockAllocator], dict[str, Any]]:
     """The :func:`state_digest` function."""
     return state_digest
 
