@@ -14,14 +14,26 @@ and tools may import it. See DESIGN.md, "Tiers".
 from prefixcache.tiers.epochs import WeightEpochs
 from prefixcache.tiers.host import MEDIUM_CPU, HostTier, HostTierStats
 from prefixcache.tiers.range_keys import RangeKey, range_keyed_hashes
+from prefixcache.tiers.remote import RemoteTier, RemoteTierStats, connect
+from prefixcache.tiers.replay import TieredReplayResult, replay_tiered
 from prefixcache.tiers.requests import Admission, LabelCounters, RequestCache
 from prefixcache.tiers.tiered import TieredCache, TieredMatch, TieredStats
-from prefixcache.tiers.transfer import DEMOTE, PROMOTE, HostKVStore, KVTransfer, TransferPlan
+from prefixcache.tiers.transfer import (
+    DEMOTE,
+    LOAD,
+    PROMOTE,
+    STORE,
+    HostKVStore,
+    KVTransfer,
+    TransferPlan,
+)
 
 __all__ = [
     "DEMOTE",
+    "LOAD",
     "MEDIUM_CPU",
     "PROMOTE",
+    "STORE",
     "Admission",
     "HostKVStore",
     "HostTier",
@@ -29,11 +41,16 @@ __all__ = [
     "KVTransfer",
     "LabelCounters",
     "RangeKey",
+    "RemoteTier",
+    "RemoteTierStats",
     "RequestCache",
     "TieredCache",
     "TieredMatch",
+    "TieredReplayResult",
     "TieredStats",
     "TransferPlan",
     "WeightEpochs",
+    "connect",
     "range_keyed_hashes",
+    "replay_tiered",
 ]

@@ -16,7 +16,7 @@ Entries of retired weight epochs are dropped before any live entry.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prefixcache.engine.events import KVCacheEvent, KVEventLog
@@ -37,6 +37,7 @@ class _Entry:
     depth: int  # 0-based position in the chain
     epoch: int  # weight epoch the K/V was computed under
     num_accesses: int  # demotion counts 1, each promotion 1 more
+    last_access: int  # the tier's clock at the demotion or the last promotion
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,8 @@ class HostTier:
         self._clock = 0
         self._num_stored = self._num_evicted = self._num_retired = 0
         self._num_queried = self._num_hit = 0
+        self.on_evict: Callable[[int, int], None] | None = None
+        """Called as ``on_evict(hash, slot)`` before a live entry's slot is taken (remote tier)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -161,7 +164,8 @@ class HostTier:
         if not self._free_slots and not self.reclaim(1) and not self._evict_one():
             return None
         slot = self._free_slots.pop()
-        self._entries[slot] = _Entry(block_hash, parent_hash, depth, epoch, 1)
+        self._clock += 1
+        self._entries[slot] = _Entry(block_hash, parent_hash, depth, epoch, 1, self._clock)
         self._slot_of[block_hash] = slot
         self._by_epoch.setdefault(epoch, {})[slot] = None
         self._num_stored += 1
@@ -182,6 +186,7 @@ class HostTier:
             entry = self._entry(slot)
             entry.num_accesses += 1
             self._clock += 1
+            entry.last_access = self._clock
             if slot in self.policy:
                 self.policy.touch(slot, self._clock)
 
@@ -299,13 +304,17 @@ class HostTier:
     def _track_if_leaf(self, slot: int) -> None:
         entry = self._entry(slot)
         if slot not in self._pinned and not self._num_children.get(entry.block_hash):
-            self.policy.insert(slot, entry.block_hash, self._clock, entry.num_accesses, entry.depth)
+            self.policy.insert(
+                slot, entry.block_hash, entry.last_access, entry.num_accesses, entry.depth
+            )
 
     def _evict_one(self) -> bool:
         victims = self.policy.evict(1)
         if not victims:
             return False
         self._num_evicted += 1
+        if self.on_evict is not None:
+            self.on_evict(self._entry(victims[0]).block_hash, victims[0])
         removed = self._drop(victims[0], tracked=False)
         if self.events is not None:
             self.events.record_removed([removed])

@@ -37,6 +37,7 @@ class Admission:
             (device and host hits), as vLLM's ``num_cached_tokens``.
         num_device_cached_tokens: of those, found on the device.
         num_host_cached_tokens: of those, promoted from the host tier.
+        num_remote_cached_tokens: of those, loaded from the remote tier.
         resumed: the request was preempted before; it was not counted again.
         epoch: the weight epoch the request hashes and computes in.
     """
@@ -47,6 +48,7 @@ class Admission:
     num_host_cached_tokens: int
     resumed: bool
     epoch: int
+    num_remote_cached_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -58,6 +60,7 @@ class LabelCounters:
     num_hit_tokens: int = 0  # vLLM's prefix_cache_hits, both tiers
     num_device_hit_tokens: int = 0
     num_host_hit_tokens: int = 0
+    num_remote_hit_tokens: int = 0
     num_resumed_requests: int = 0  # readmissions after preemption, not counted above
 
     def as_dict(self) -> dict[str, int]:
@@ -157,7 +160,8 @@ class RequestCache:
         )
         resumed = old is not None
         size = self.block_size
-        self._count(label, len(prompt), match.num_device_blocks, match.num_host_blocks, resumed)
+        tiers = (match.num_device_blocks, match.num_host_blocks, match.num_remote_blocks)
+        self._count(label, len(prompt), tiers, resumed)
         return Admission(
             block_ids=block_ids,
             num_cached_tokens=num_hit * size,
@@ -165,6 +169,7 @@ class RequestCache:
             num_host_cached_tokens=match.num_host_blocks * size,
             resumed=resumed,
             epoch=epoch,
+            num_remote_cached_tokens=match.num_remote_blocks * size,
         )
 
     def append(self, request_id: Hashable, tokens: Any) -> np.ndarray | None:
@@ -268,17 +273,21 @@ class RequestCache:
             raise InvalidArgumentError(f"request {request_id!r} is not running")
         return request
 
-    def _count(self, label: str, num_tokens: int, device: int, host: int, resumed: bool) -> None:
+    def _count(
+        self, label: str, num_tokens: int, tiers: tuple[int, int, int], resumed: bool
+    ) -> None:
         counters = self._counters.setdefault(label, LabelCounters())
         if resumed:
             counters.num_resumed_requests += 1
             return
         size = self.block_size
+        device, host, remote = tiers
         counters.num_requests += 1
         counters.num_queried_tokens += num_tokens
         counters.num_device_hit_tokens += device * size
         counters.num_host_hit_tokens += host * size
-        counters.num_hit_tokens += (device + host) * size
+        counters.num_remote_hit_tokens += remote * size
+        counters.num_hit_tokens += (device + host + remote) * size
 
 
 __all__ = ["Admission", "LabelCounters", "RequestCache"]

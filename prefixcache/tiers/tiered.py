@@ -35,7 +35,8 @@ from prefixcache.engine.validation import require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError
 from prefixcache.tiers.epochs import WeightEpochs
 from prefixcache.tiers.host import HostTier, HostTierStats
-from prefixcache.tiers.transfer import DEMOTE, PROMOTE, TransferPlan
+from prefixcache.tiers.remote import RemoteTier
+from prefixcache.tiers.transfer import DEMOTE, LOAD, PROMOTE, STORE, HostKVStore, TransferPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +61,15 @@ class TieredMatch:
             K/V arrives with the copies of :meth:`TieredCache.take_transfer`).
         plan: the copies this match queued (demotions of the blocks it
             allocated, then its promotions); already in the tier's queue.
+        num_remote_blocks: how many came from the remote tier (loaded into
+            host slots, then promoted like host hits).
     """
 
     block_ids: np.ndarray
     num_device_blocks: int
     num_host_blocks: int
     plan: TransferPlan
+    num_remote_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,10 @@ class TieredCache:
             :class:`~prefixcache.tiers.transfer.HostKVStore`).
         epochs: weight epochs shared with whoever hashes prompts (default: a new one).
         reclaim_per_call: retired-epoch host entries dropped per :meth:`allocate`, >= 0.
+        remote: a shared tier behind the host tier: live entries the host
+            tier evicts are written there, and a match continues there.
+        store: the host tier's storage; required with ``remote``, whose
+            values must be exactly one slot's bytes.
 
     Raises:
         ConfigError: prefix caching is off, or a bad argument.
@@ -120,6 +128,8 @@ class TieredCache:
         *,
         epochs: WeightEpochs | None = None,
         reclaim_per_call: int = 8,
+        remote: RemoteTier | None = None,
+        store: HostKVStore | None = None,
     ) -> None:
         if not isinstance(allocator, KVBlockAllocator):
             raise ConfigError(f"allocator must be a KVBlockAllocator, got {type(allocator)}")
@@ -137,6 +147,14 @@ class TieredCache:
         self._held: dict[int, _Held] = {}  # device block -> what it holds (may be evicted)
         self._held_block: dict[int, int] = {}  # hash -> device block, for the same entries
         self._queue: list[tuple[int, int, int]] = []  # copies not yet taken, in order
+        self._payloads: list[bytes] = []  # remote values the queued loads write
+        self.remote = remote
+        self._slot_bytes = 0
+        if remote is not None:
+            if not isinstance(store, HostKVStore) or store.num_slots != host.num_slots:
+                raise ConfigError("a remote tier needs the host tier's HostKVStore as store")
+            self._slot_bytes = store.bytes_per_slot()
+            host.on_evict = self._store_remote
         self._num_demoted = self._num_promoted = 0
 
     # ------------------------------------------------------------------ allocation
@@ -231,18 +249,23 @@ class TieredCache:
         )
         slots = slots[: max(0, free)]
         promoted = np.empty(0, dtype=np.int32)
-        if slots:
-            self.host.pin(slots)
-            try:
+        self.host.pin(slots)
+        num_host = len(slots)
+        try:
+            if self.remote is not None and num_host < free:
+                first = len(device_ids) + num_host
+                slots += self._load_remote(hashes, first, free - num_host)
+            if slots:
                 promoted = self._promote(hashes, len(device_ids), slots)
-            finally:
-                self.host.unpin(slots)
-        self.host.count_query(len(rest), len(promoted))
+        finally:
+            self.host.unpin(slots)
+        self.host.count_query(len(rest), num_host)
         return TieredMatch(
             block_ids=np.concatenate([device_ids, promoted]).astype(np.int32),
             num_device_blocks=len(device_ids),
-            num_host_blocks=len(promoted),
-            plan=TransferPlan(tuple(self._queue[start:])),
+            num_host_blocks=num_host,
+            plan=TransferPlan(tuple(self._queue[start:]), tuple(self._payloads)),
+            num_remote_blocks=len(slots) - num_host,
         )
 
     def register(
@@ -291,8 +314,9 @@ class TieredCache:
         the blocks it demotes, and wait (:meth:`KVTransfer.wait`) before
         attention reads the blocks it promotes. Complexity: O(copies).
         """
-        plan = TransferPlan(tuple(self._queue))
+        plan = TransferPlan(tuple(self._queue), tuple(self._payloads))
         self._queue.clear()
+        self._payloads.clear()
         return plan
 
     def begin_weight_epoch(self, tag: str | int) -> int:
@@ -361,6 +385,28 @@ class TieredCache:
             if slot is not None:
                 self._queue.append((DEMOTE, block_id, slot))
                 self._num_demoted += 1
+
+    def _store_remote(self, block_hash: int, slot: int) -> None:
+        """The host tier is about to reuse ``slot``: queue its bytes for the remote tier first."""
+        self._queue.append((STORE, slot, block_hash))
+
+    def _load_remote(self, hashes: list[int], first: int, room: int) -> list[int]:
+        """Ask the remote tier for hashes from ``first`` on; load hits into pinned host slots."""
+        assert self.remote is not None
+        slots: list[int] = []
+        for offset, payload in enumerate(self.remote.lookup(hashes[first : first + room])):
+            if len(payload) != self._slot_bytes:
+                break  # another layout's bytes: a miss
+            index = first + offset
+            parent = hashes[index - 1] if index else None
+            slot = self.host.put(hashes[index], parent, depth=index, epoch=self.epochs.current)
+            if slot is None:
+                break
+            self.host.pin([slot])
+            self._queue.append((LOAD, len(self._payloads), slot))
+            self._payloads.append(payload)
+            slots.append(slot)
+        return slots
 
     def _promote(self, hashes: list[int], num_device: int, slots: list[int]) -> np.ndarray:
         ids = self.allocate(len(slots))

@@ -24,11 +24,16 @@ import torch
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError
 from prefixcache.serving.kv_cache import KVCache
+from prefixcache.tiers.remote import RemoteTier
 
 DEMOTE = 0
 """A copy device block -> host slot."""
 PROMOTE = 1
 """A copy host slot -> device block."""
+STORE = 2
+"""A host slot's bytes -> the remote tier, under a hash."""
+LOAD = 3
+"""Bytes from the remote tier (``payloads[i]``) -> a host slot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +41,16 @@ class TransferPlan:
     """Block copies to run in order: ``(direction, source, destination)`` each.
 
     ``direction`` is :data:`DEMOTE` (source a device block, destination a host
-    slot) or :data:`PROMOTE` (source a host slot, destination a device block).
-    Order matters: a demotion reads a device block before the block's new
-    owner writes it, and a host slot may be reused by a later demotion after a
-    promotion read it; run plans in the order they were taken.
+    slot), :data:`PROMOTE` (source a host slot, destination a device block),
+    :data:`STORE` (source a host slot, destination the hash it goes to the
+    remote tier under) or :data:`LOAD` (source an index into ``payloads``,
+    destination a host slot). Order matters: a demotion reads a device block
+    before the block's new owner writes it, and a host slot may be reused by a
+    later copy after an earlier one read it; run plans in the order they were taken.
     """
 
     ops: tuple[tuple[int, int, int], ...] = ()
+    payloads: tuple[bytes, ...] = ()
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -57,19 +65,30 @@ class TransferPlan:
         """``(host slot, device block)`` of every promotion, in order."""
         return [(src, dst) for kind, src, dst in self.ops if kind == PROMOTE]
 
-    def runs(self) -> Iterator[tuple[int, list[int], list[int]]]:
-        """Maximal runs of one direction as ``(direction, sources, destinations)``.
+    @property
+    def stores(self) -> list[tuple[int, int]]:
+        """``(host slot, hash)`` of every write to the remote tier, in order."""
+        return [(src, dst) for kind, src, dst in self.ops if kind == STORE]
 
-        Within a run each destination appears once: a destination written
-        twice keeps only its last copy (nothing in the run reads it between).
+    @property
+    def loads(self) -> list[tuple[int, int]]:
+        """``(payload index, host slot)`` of every read from the remote tier, in order."""
+        return [(src, dst) for kind, src, dst in self.ops if kind == LOAD]
+
+    def runs(self) -> Iterator[tuple[int, list[int], list[int]]]:
+        """Maximal runs of one copy direction as ``(direction, sources, destinations)``.
+
+        Demotions and promotions group; within such a run each destination
+        appears once (a destination written twice keeps only its last copy:
+        nothing in the run reads it between). Stores and loads come one op a run.
         Complexity: O(len(ops)).
         """
         start = 0
         ops = self.ops
         while start < len(ops):
             kind = ops[start][0]
-            end = start
-            while end < len(ops) and ops[end][0] == kind:
+            end = start + 1
+            while kind in (DEMOTE, PROMOTE) and end < len(ops) and ops[end][0] == kind:
                 end += 1
             last: dict[int, int] = {}
             for _, src, dst in ops[start:end]:
@@ -102,6 +121,34 @@ class HostKVStore:
             for v in kv_cache.v_caches
         )
 
+    def slot_bytes(self, slot: int) -> bytes:
+        """The slot's K and V of every layer as one bytes object (the remote tier's value).
+
+        Complexity: O(bytes per slot).
+        """
+        parts = [t[slot].reshape(-1).view(torch.uint8) for t in (*self.k_caches, *self.v_caches)]
+        return bytes(torch.cat(parts).numpy().tobytes())
+
+    def load_slot(self, slot: int, payload: bytes) -> None:
+        """Write ``payload`` (as :meth:`slot_bytes` made it) into ``slot``.
+
+        Raises:
+            InvalidArgumentError: the payload's size is not :meth:`bytes_per_slot`.
+
+        Complexity: O(bytes per slot).
+        """
+        if len(payload) != self.bytes_per_slot():
+            raise InvalidArgumentError(
+                f"payload of {len(payload)} bytes; a slot holds {self.bytes_per_slot()}"
+            )
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        offset = 0
+        for tensor in (*self.k_caches, *self.v_caches):
+            row = tensor[slot]
+            size = row.numel() * row.element_size()
+            row.copy_(data[offset : offset + size].view(row.dtype).view(row.shape))
+            offset += size
+
     def bytes_per_slot(self) -> int:
         """Bytes one host slot takes over all layers, K and V. Complexity: O(layers)."""
         tensors = (*self.k_caches, *self.v_caches)
@@ -124,13 +171,19 @@ class KVTransfer:
         kv_cache: the device pool's storage.
         host: the host tier's storage (same layers, dtype and block shape).
         batched: copy whole runs with indexed copies (CPU caches only; the default there).
+        remote: where :data:`STORE` copies go (their bytes are queued, never awaited).
 
     Raises:
         ConfigError: the two stores do not match, or ``batched`` for a device cache.
     """
 
     def __init__(
-        self, kv_cache: KVCache, host: HostKVStore, *, batched: bool | None = None
+        self,
+        kv_cache: KVCache,
+        host: HostKVStore,
+        *,
+        batched: bool | None = None,
+        remote: RemoteTier | None = None,
     ) -> None:
         if len(host.k_caches) != kv_cache.num_layers:
             raise ConfigError(
@@ -146,6 +199,7 @@ class KVTransfer:
                 raise ConfigError("host store and cache differ in dtype")
         self.kv_cache = kv_cache
         self.host = host
+        self.remote = remote
         on_cpu = kv_cache.device.type == "cpu"
         if batched and not on_cpu:
             raise ConfigError("batched copies read device memory on the host; CPU caches only")
@@ -173,6 +227,9 @@ class KVTransfer:
             context = torch.cuda.stream(stream)
         with context:
             for kind, sources, destinations in plan.runs():
+                if kind in (STORE, LOAD):
+                    self._remote_op(kind, sources[0], destinations[0], plan)
+                    continue
                 if self.batched:
                     self._copy_run(kind, sources, destinations)
                 else:
@@ -222,18 +279,37 @@ class KVTransfer:
             else:
                 device_tensor[dst].copy_(host_tensor[src], non_blocking=True)
 
+    def _remote_op(self, kind: int, src: int, dst: int, plan: TransferPlan) -> None:
+        """A store or load: host memory on the host, after the copies queued before it."""
+        if self._stream is not None:  # pragma: no cover - CUDA only
+            self._stream.synchronize()  # earlier copies write or read this slot
+        if kind == STORE:
+            assert self.remote is not None  # checked in _check
+            self.remote.submit(dst, self.host.slot_bytes(src))
+        else:
+            self.host.load_slot(dst, plan.payloads[src])
+
     def _check(self, plan: TransferPlan) -> None:
         if not isinstance(plan, TransferPlan):
             raise InvalidArgumentError(f"plan must be a TransferPlan, got {type(plan).__name__}")
         num_blocks, num_slots = self.kv_cache.num_blocks, self.host.num_slots
+        size = self.host.bytes_per_slot()
         for kind, src, dst in plan.ops:
-            block, slot = (src, dst) if kind == DEMOTE else (dst, src)
-            if kind not in (DEMOTE, PROMOTE):
+            if kind == STORE:
+                if self.remote is None:
+                    raise InvalidArgumentError("a plan stores to a remote tier this copier lacks")
+                src, dst = 0, src  # only the slot to check
+            elif kind == LOAD:
+                if not 0 <= src < len(plan.payloads) or len(plan.payloads[src]) != size:
+                    raise InvalidArgumentError(f"load {src}: no payload of {size} bytes")
+                src = 0
+            elif kind not in (DEMOTE, PROMOTE):
                 raise InvalidArgumentError(f"unknown copy direction {kind}")
+            block, slot = (dst, src) if kind == PROMOTE else (src, dst)
             if not 0 <= block < num_blocks:
                 raise InvalidArgumentError(f"block {block} is outside [0, {num_blocks})")
             if not 0 <= slot < num_slots:
                 raise InvalidArgumentError(f"host slot {slot} is outside [0, {num_slots})")
 
 
-__all__ = ["DEMOTE", "PROMOTE", "HostKVStore", "KVTransfer", "TransferPlan"]
+__all__ = ["DEMOTE", "LOAD", "PROMOTE", "STORE", "HostKVStore", "KVTransfer", "TransferPlan"]

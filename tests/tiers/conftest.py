@@ -10,6 +10,7 @@ import torch
 from prefixcache import KVBlockAllocator
 from prefixcache.serving.kv_cache import KVCache
 from prefixcache.tiers import HostKVStore, HostTier, KVTransfer, RequestCache, TieredCache
+from prefixcache.tiers.remote import RemoteTier
 
 BLOCK = 4
 
@@ -32,6 +33,7 @@ class Loop:
         batched: bool | None = None,
         policy: str = "lru",
         engine: str = "python",
+        remote: RemoteTier | None = None,
     ) -> None:
         self.allocator = KVBlockAllocator(
             total_count=device_blocks,
@@ -41,13 +43,13 @@ class Loop:
             engine=engine,
         )
         self.host = HostTier(host_slots, block_size=BLOCK, events_capacity=events, policy=policy)
-        self.tiered = TieredCache(self.allocator, self.host)
-        self.requests = RequestCache(self.tiered)
         self.kv = KVCache(
             2, device_blocks, BLOCK, k_heads=2, k_head_dim=3, dtype=torch.float32, device="cpu"
         )
         self.store = HostKVStore(self.kv, host_slots)
-        self.transfer = KVTransfer(self.kv, self.store, batched=batched)
+        self.tiered = TieredCache(self.allocator, self.host, remote=remote, store=self.store)
+        self.requests = RequestCache(self.tiered)
+        self.transfer = KVTransfer(self.kv, self.store, batched=batched, remote=remote)
         self.num_computed_blocks = 0
         self.block_ids: dict[Hashable, list[int]] = {}
 

@@ -8,6 +8,7 @@ import torch
 from prefixcache.errors import ConfigError, InvalidArgumentError
 from prefixcache.serving.kv_cache import KVCache
 from prefixcache.tiers import DEMOTE, PROMOTE, HostKVStore, KVTransfer, TransferPlan
+from prefixcache.tiers.transfer import LOAD, STORE
 
 
 def cache(num_blocks: int = 6, layers: int = 2) -> KVCache:
@@ -25,6 +26,9 @@ def test_runs_split_by_direction_and_keep_the_last_write():
     assert list(plan.runs()) == [(DEMOTE, [2], [0]), (PROMOTE, [0], [3]), (DEMOTE, [4], [1])]
     assert plan.demotions == [(1, 0), (2, 0), (4, 1)] and plan.promotions == [(0, 3)]
     assert len(plan) == 4 and list(TransferPlan().runs()) == []
+    remote = TransferPlan(((STORE, 1, 99), (LOAD, 0, 1), (LOAD, 1, 2)), (b"a", b"b"))
+    assert remote.stores == [(1, 99)] and remote.loads == [(0, 1), (1, 2)]
+    assert [run[0] for run in remote.runs()] == [STORE, LOAD, LOAD]
 
 
 @pytest.mark.parametrize("batched", [True, False])
