@@ -2,7 +2,7 @@
 
 The package is layered (DESIGN.md, "Layers")::
 
-    tools -> cluster -> serving, wire -> engine -> prefixcache.errors
+    integrations -> tools -> cluster -> tiers -> serving, wire -> engine -> prefixcache.errors
                                           \\-> prefixcache.policies (imports only itself)
 
 A layer may import the layers below it, never above or beside (serving and
@@ -42,8 +42,20 @@ MAY_IMPORT = {
     "engine": {"engine", "errors", "policies"},
     "serving": {"serving", "engine", "errors", "policies"},
     "wire": {"wire", "engine", "errors", "policies"},
-    "cluster": {"cluster", "serving", "wire", "engine", "errors", "policies"},
-    "tools": {"tools", "cluster", "serving", "wire", "engine", "errors", "policies"},
+    "tiers": {"tiers", "serving", "engine", "errors", "policies"},
+    "cluster": {"cluster", "tiers", "serving", "wire", "engine", "errors", "policies"},
+    "tools": {"tools", "cluster", "tiers", "serving", "wire", "engine", "errors", "policies"},
+    "integrations": {
+        "integrations",
+        "tools",
+        "cluster",
+        "tiers",
+        "serving",
+        "wire",
+        "engine",
+        "errors",
+        "policies",
+    },
 }
 """Layer -> the layers its modules may import. The package's top-level modules may import all."""
 
