@@ -15,7 +15,7 @@ them before any block used since the switch. See DESIGN.md, "Tiers".
 
 from __future__ import annotations
 
-from prefixcache.engine.validation import require_int
+from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import InvalidArgumentError
 
 _KEY_TAG = "prefixcache.weight_epoch"
@@ -83,8 +83,8 @@ class WeightEpochs:
 def _check_tag(tag: object) -> str | int:
     if isinstance(tag, str) and tag:
         return tag
-    if isinstance(tag, int) and not isinstance(tag, bool):
-        return tag
+    if is_int(tag):
+        return int(tag)
     raise InvalidArgumentError(f"an epoch tag is a non-empty str or an int, got {tag!r}")
 
 
