@@ -42,6 +42,7 @@ from prefixcache.policies import PredictsNextVictim
 from prefixcache import KVBlockAllocator, PrefixCacheError, policies
 from prefixcache.engine import hashing
 from prefixcache.engine.pool import BlockPool
+from prefixcache.testing import ReferenceModel, changed_fields, state_digest
 
 POLICY_NAMES = [name for name in policies.available() if name != "belady"]
 TOTAL_COUNT = 12
@@ -163,61 +164,23 @@ def faulty_hash(plan: FaultPlan) -> Callable[..., list[int]]:
 
 
 def full_digest(allocator: KVBlockAllocator) -> dict[str, Any]:
-    """Every piece of allocator state, by name, so a violation can say what changed.
+    """The kit's :func:`~prefixcache.testing.state_digest`, reading the order of the wrapped policy.
 
-    Extends ``tests/conftest.py``'s ``state_digest`` with the policy's order
-    for any policy, verify-mode fingerprints, queued releases of a free group,
-    and the KV event queue.
+    The :class:`FaultyPolicy` proxy must not be driven by the digest (its copy
+    would count calls), so the order is read from the policy it wraps.
     """
     policy = allocator.policy
     inner = policy.inner if isinstance(policy, FaultyPolicy) else policy
-    registry = allocator.registry
-    events = allocator.events
-    return {
-        "stats": allocator.stats(),
-        "free_stack": allocator.pool.free_ids().tolist(),
-        "active_refs": allocator._engine.refs.active.tolist(),
-        "paused_refs": allocator._engine.refs.paused.tolist(),
-        "last_access": allocator._engine.refs.last_access.tolist(),
-        "num_accesses": allocator._engine.refs.num_accesses.tolist(),
-        "pending_releases": allocator._engine.refs.pending.tolist(),
-        "pending_chunks": [chunk.tolist() for chunk in allocator._engine.refs._pending_chunks],
-        "group_depth": allocator._engine.refs.group_depth,
-        "hash_map": sorted(registry.items()),
-        "parent_of": registry.parent_of.tolist(),
-        "num_children": registry.num_children.tolist(),
-        "depth_of": registry.depth_of.tolist(),
-        "fingerprints": list(allocator._fingerprint_of_block),
-        "policy_tracked": sorted(b for b in range(allocator.total_count) if b in inner),
-        "policy_order": copy.deepcopy(inner).evict(len(inner)),
-        "routing": None if allocator.routing is None else allocator.routing._written.tolist(),
-        "events": None if events is None else list(events._queue),
-    }
-
-
-def changed_fields(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """Names of the digest fields that differ, with a short before -> after for each."""
-    lines = []
-    for name, value in before.items():
-        if after[name] != value:
-            lines.append(f"{name}: {_short(value)} -> {_short(after[name])}")
-    return lines
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 160 else text[:157] + "..."
+    return state_digest(allocator, policy=inner)
 
 
 # ---------------------------------------------------------------------- the program
 
 
 @dataclass
-class Model:
-    """References the program holds, one entry per reference (as the state machine)."""
+class Model(ReferenceModel):
+    """The kit's reference model (one entry per reference held), plus the prompts served."""
 
-    active: list[int] = field(default_factory=list)
-    paused: list[int] = field(default_factory=list)
     prompts: list[list[int]] = field(default_factory=list)
 
 
@@ -371,8 +334,7 @@ def next_step(rng: random.Random, allocator: KVBlockAllocator, model: Model) -> 
         return Step(kind, lambda a: getattr(a, kind)(tokens), lambda _: None)
 
     def commit_reset(_: Any) -> None:
-        model.active.clear()
-        model.paused.clear()
+        model.reset()
 
     return Step("reset", lambda a: a.reset(), commit_reset)
 

@@ -48,6 +48,7 @@ from prefixcache import (
     compute_block_hashes,
     root_hash,
 )
+from prefixcache.testing import pool_digest, state_digest
 
 settings.register_profile(
     "fuzz-ci",
@@ -194,31 +195,6 @@ def populated_allocator(**overrides: Any) -> KVBlockAllocator:
     return allocator
 
 
-def allocator_digest(allocator: KVBlockAllocator) -> tuple[Any, ...]:
-    """The full observable state (``state_digest`` of conftest plus events and fingerprints)."""
-    registry = allocator.registry
-    events = allocator.events
-    return (
-        allocator.stats(),
-        allocator.pool.free_ids().tolist(),
-        allocator._engine.refs.active.tolist(),
-        allocator._engine.refs.paused.tolist(),
-        allocator._engine.refs.last_access.tolist(),
-        allocator._engine.refs.num_accesses.tolist(),
-        sorted(registry.items()),
-        registry.parent_of.tolist(),
-        registry.num_children.tolist(),
-        [b for b in range(allocator.total_count) if b in allocator.policy],
-        list(getattr(allocator.policy, "_order", ())),
-        allocator.routing._written.tolist() if allocator.routing is not None else None,
-        allocator.routing._data.tobytes() if allocator.routing is not None else None,
-        list(allocator._fingerprint_of_block),
-        allocator._engine.refs.pending.tolist(),
-        [chunk.tolist() for chunk in allocator._engine.refs._pending_chunks],
-        None if events is None else list(events._queue),
-    )
-
-
 IN_GROUP = "release_memory_blocks(in free_group)"
 """A release queued inside an open free group: refused ones must leave the queue as it was."""
 
@@ -337,9 +313,7 @@ def test_allocator_method_refuses_garbage_cleanly(method: str, verify: bool, dat
     with ExitStack() as group:
         if method == IN_GROUP:
             group.enter_context(allocator.free_group())
-        check_call(
-            method, args, lambda: call(allocator, *args), lambda: allocator_digest(allocator)
-        )
+        check_call(method, args, lambda: call(allocator, *args), lambda: state_digest(allocator))
     allocator.check_invariants()
 
 
@@ -364,10 +338,6 @@ def test_allocator_construction_refuses_garbage_cleanly(options: dict[str, Any])
 
 
 # ---------------------------------------------------------------------- pool, table, cache
-
-
-def pool_digest(pool: BlockPool) -> tuple[int, list[int]]:
-    return pool.num_free, pool.free_ids().tolist()
 
 
 @FUZZ

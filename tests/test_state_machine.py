@@ -12,8 +12,6 @@ a failing call changes nothing (invariant 6).
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import pytest
 from hypothesis import strategies as st
@@ -27,6 +25,7 @@ from prefixcache import (
     policies,
 )
 from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
+from prefixcache.testing import ReferenceModel, changed_fields, state_digest
 
 TOTAL_COUNT = 13
 PAUSED_COUNT = 3
@@ -45,23 +44,8 @@ def chain_hashes(prompt: list[int]) -> list[int]:
     return hashes
 
 
-def snapshot(allocator: KVBlockAllocator) -> tuple:
-    """Everything a failing call must leave untouched."""
-    ids = list(range(allocator.num_usable))
-    active, paused = allocator.reference_counts(ids)
-    return (
-        allocator.stats(),
-        allocator.pool.free_ids().tolist(),
-        active.tolist(),
-        paused.tolist(),
-        sorted(allocator.registry.items()),
-        allocator.registry.parent_of.tolist(),
-        len(allocator.policy),
-    )
-
-
 class AllocatorMachine(RuleBasedStateMachine):
-    """One allocator, and the references the test holds on it."""
+    """One allocator, and the references the test holds on it (the kit's reference model)."""
 
     policy_name = "lru"
 
@@ -75,15 +59,15 @@ class AllocatorMachine(RuleBasedStateMachine):
             kv_events_capacity=10_000,
         )
         self.resident_by_events: set[int] = set()  # hashes replayed from KV events
-        self.active: list[int] = []  # one entry per active reference held
-        self.paused: list[int] = []  # one entry per paused reference held
-        self.block_of_hash: dict[int, int] = {}  # what the model saw registered
+        self.model = ReferenceModel()
+        # The model's lists, one entry per reference held, and what it saw registered.
+        self.active, self.paused = self.model.active, self.model.paused
+
+    @property
+    def block_of_hash(self) -> dict[int, int]:
+        return self.model.block_of_hash
 
     # ----------------------------------------------------------------- helpers
-
-    def _forget_block(self, block_id: int) -> None:
-        """A block came back fresh: whatever hash it carried is gone."""
-        self.block_of_hash = {h: b for h, b in self.block_of_hash.items() if b != block_id}
 
     def _take(self, data: st.DataObject, pool: list[int], label: str) -> list[int]:
         """Draw a sub-multiset of held references out of ``pool`` (removing them)."""
@@ -92,19 +76,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         picks = data.draw(
             st.lists(st.integers(0, len(pool) - 1), unique=True, max_size=len(pool)), label=label
         )
-        taken = [pool[i] for i in picks]
-        for i in sorted(picks, reverse=True):
-            pool.pop(i)
-        return taken
+        return self.model.take(pool, picks)
 
     def _expect_failure(self, call, error: type[Exception]) -> None:
-        before = snapshot(self.allocator)
+        before = state_digest(self.allocator)
         with pytest.raises(error):
             call()
-        assert snapshot(self.allocator) == before
-
-    def _paused_blocks_after(self, active: Counter, paused: Counter) -> int:
-        return sum(1 for block, count in paused.items() if count and not active[block])
+        after = state_digest(self.allocator)
+        assert after == before, changed_fields(before, after)
 
     # ----------------------------------------------------------------- rules
 
@@ -120,11 +99,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert ids is None
             return
         assert ids is not None and len(set(ids.tolist())) == num_blocks
-        held = set(self.active) | set(self.paused)
-        for block_id in ids.tolist():
-            assert block_id not in held, f"block {block_id} handed out while held"
-            self._forget_block(block_id)
-        self.active.extend(ids.tolist())
+        self.model.handed_out(ids.tolist())
 
     @rule(prompt=prompts, skip_match=st.booleans())
     def serve_prompt(self, prompt: list[int], skip_match: bool) -> None:
@@ -138,11 +113,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         new_ids = self.allocator.allocate_memory_blocks(rest)
         if new_ids is None:
             return
-        held = set(self.active) | set(self.paused)
-        for block_id in new_ids.tolist():
-            assert block_id not in held
-            self._forget_block(block_id)
-        self.active.extend(new_ids.tolist())
+        self.model.handed_out(new_ids.tolist())
         parent = hashes[len(matched) - 1] if matched else None
         accepted = self.allocator.register_kv_block_hashes(
             new_ids, hashes[len(matched) :], parent_hash=parent
@@ -182,19 +153,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         would fail the check in :meth:`serve_prompt`.
         """
         registry = self.allocator.registry
-        self.block_of_hash = {
+        self.model.block_of_hash = {
             h: b for h, b in self.block_of_hash.items() if registry.block_of(h) == b
         }
 
     @rule(data=st.data())
     def pause(self, data: st.DataObject) -> None:
         taken = self._take(data, self.active, "paused")
-        active_after, paused_after = Counter(self.active), Counter(self.paused + taken)
-        paused_before = self._paused_blocks_after(
-            Counter(self.active + taken), Counter(self.paused)
-        )
-        paused_blocks = self._paused_blocks_after(active_after, paused_after)
-        if paused_blocks > paused_before and paused_blocks > PAUSED_COUNT:
+        if self.model.pause_exceeds(taken, PAUSED_COUNT):
             self.active.extend(taken)
             self._expect_failure(lambda: self.allocator.pause(taken), BudgetExceededError)
             return
@@ -204,9 +170,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def resume(self, data: st.DataObject) -> None:
         taken = self._take(data, self.paused, "resumed")
-        newly_active = set(taken) - set(self.active)
-        active_blocks_after = len(set(self.active) | newly_active)
-        if newly_active and active_blocks_after > self.allocator.active_count:
+        if self.model.resume_exceeds(taken, self.allocator.active_count):
             self.paused.extend(taken)
             self._expect_failure(lambda: self.allocator.resume(taken), BudgetExceededError)
             return
@@ -235,9 +199,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule()
     def reset(self) -> None:
         self.allocator.reset()
-        self.active.clear()
-        self.paused.clear()
-        self.block_of_hash.clear()
+        self.model.reset()
 
     # ----------------------------------------------------------------- calls that must fail
 
@@ -272,13 +234,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @invariant()
     def reference_counts_match_model(self) -> None:
-        ids = list(range(self.allocator.num_usable))
-        active, paused = self.allocator.reference_counts(ids)
-        held_active, held_paused = Counter(self.active), Counter(self.paused)
-        assert active.tolist() == [held_active[b] for b in ids]
-        assert paused.tolist() == [held_paused[b] for b in ids]
-        assert self.allocator.get_active_used() == len(held_active)
-        assert self.allocator.get_paused_used() == len(set(held_paused) - set(held_active))
+        self.model.check(self.allocator)
 
     @invariant()
     def events_replay_to_the_resident_hashes(self) -> None:
