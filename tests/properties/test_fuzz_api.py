@@ -16,7 +16,7 @@ The number of examples comes from a hypothesis profile chosen by the
 ``PREFIXCACHE_FUZZ_PROFILE`` environment variable: ``fuzz-ci`` (default,
 seconds) or ``fuzz-long`` (thousands of examples per method)::
 
-    PREFIXCACHE_FUZZ_PROFILE=fuzz-long python -m pytest tests/test_fuzz_api.py
+    PREFIXCACHE_FUZZ_PROFILE=fuzz-long python -m pytest tests/properties/test_fuzz_api.py
 
 Every input-validation bug the fuzzers found has a regression test at the end
 of this file.
