@@ -1,8 +1,9 @@
-"""Tests of prefixcache.engine.pool.BlockPool written to kill mutants that survived the main suite.
+"""BlockPool on its own: count types, over-release, LIFO order, the device mirror, sizes.
 
 The allocator always hands the pool plain ints and never over-releases, so
 the pool's own checks (count types, over-release) and the device mirror,
-which only exists off the CPU, went untested. The mirror's bookkeeping does
+which only exists off the CPU, are pinned here (found by mutation testing,
+``tests/MUTATION.md``). The mirror's bookkeeping does
 not depend on the device: a CPU tensor put in its place shows every copy.
 """
 
@@ -16,10 +17,7 @@ import torch
 
 from prefixcache.engine.pool import BlockPool, resolve_device
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
-
-
-def _digest(pool: BlockPool) -> tuple[int, list[int]]:
-    return pool.num_free, pool.free_ids().tolist()
+from prefixcache.testing import pool_digest
 
 
 def _with_cpu_mirror(total_count: int) -> BlockPool:
@@ -53,10 +51,10 @@ def test_acquire_takes_numpy_counts_and_keeps_num_free_a_python_int(count: objec
 )
 def test_acquire_refuses_non_integer_counts_by_type(count: object, type_name: str) -> None:
     pool = BlockPool(8, "cpu")
-    before = _digest(pool)
+    before = pool_digest(pool)
     with pytest.raises(InvalidArgumentError, match=f"^num_blocks must be an int, got {type_name}$"):
         pool.acquire(count)  # type: ignore[arg-type]
-    assert _digest(pool) == before
+    assert pool_digest(pool) == before
 
 
 def test_acquire_refuses_negative_counts_and_too_many() -> None:
@@ -65,7 +63,7 @@ def test_acquire_refuses_negative_counts_and_too_many() -> None:
         pool.acquire(-1)
     with pytest.raises(CapacityError, match="asked for 4 blocks, 3 free"):
         pool.acquire(4)
-    assert _digest(pool) == (3, [2, 1, 0])
+    assert pool_digest(pool) == (3, [2, 1, 0])
     assert pool.acquire(0).tolist() == [] and pool.num_free == 3
 
 
@@ -77,12 +75,12 @@ def test_acquire_refuses_negative_counts_and_too_many() -> None:
 def test_release_refuses_more_ids_than_are_handed_out() -> None:
     pool = BlockPool(6, "cpu")
     held = pool.acquire(2)
-    before = _digest(pool)
+    before = pool_digest(pool)
     with pytest.raises(
         InvalidArgumentError, match=r"^releasing 3 blocks, but only 2 are handed out$"
     ):
         pool.release(np.array([*held.tolist(), 4], dtype=np.int32))
-    assert _digest(pool) == before
+    assert pool_digest(pool) == before
     pool.release(held)
     assert pool.num_free == pool.num_usable
     with pytest.raises(InvalidArgumentError, match="only 0 are handed out"):
