@@ -1,9 +1,10 @@
-"""Tests of engine.registry.HashRegistry written to kill mutants that survived the suite.
+"""HashRegistry on its own: prefix match, chain depths, dtypes, check(), read-only views.
 
 The allocator's tests query the registry with short hash lists, so the
-binary search in :meth:`HashRegistry.match` was never driven through long
-queries with unmatched tails, and no test read the chain depth that
-:meth:`HashRegistry.register` records for the policies.
+binary search in :meth:`HashRegistry.match` is driven here through long
+queries with unmatched tails, and the chain depth that
+:meth:`HashRegistry.register` records for the policies is read back (found by
+mutation testing, ``tests/MUTATION.md``).
 """
 
 from __future__ import annotations
