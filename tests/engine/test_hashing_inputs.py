@@ -1,7 +1,7 @@
-"""Tests of prefixcache.engine.hashing written to kill mutants that survived the main suite.
+"""Hashing's inputs: what each refusal names, boundaries, surrogates, key byte order.
 
-Each test pins a behaviour that a mutation run (mutmut) showed no other test
-checked: the exact index and value an error names at the int32 boundaries,
+Each test pins a behaviour that a mutation run (mutmut, ``tests/MUTATION.md``)
+showed no other test checked: the exact index and value an error names at the int32 boundaries,
 lone surrogates in salts and keys, the byte order of multi-byte int keys, the
 inclusive range of ``parent``, and the type names in error messages.
 """
