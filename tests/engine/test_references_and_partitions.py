@@ -1,0 +1,266 @@
+"""Reference counts and the paused/active partitions at their edges.
+
+Batches past the small-batch size and releases across calls and free groups
+count every occurrence; a block held both active and paused; moves that add
+no block pass an over-full partition; resume may fill the active budget
+exactly; counts may be numpy integers, and counts and policy arguments
+come back as integers.
+
+``tests/MUTATION.md`` lists the mutants these tests kill and the survivors that are equivalent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from prefixcache.policies import LRUPolicy
+
+from prefixcache import KVBlockAllocator
+
+
+class InjectedFault(RuntimeError):
+    """What a :class:`FlakyLRU` or a patched pool raises (not a library error)."""
+
+
+class FlakyLRU(LRUPolicy):
+    """LRU whose ``fail_at[method]``-th call of ``method`` (1-based) raises, once armed.
+
+    It raises before changing anything, as the journal requires of a policy.
+    It also counts inserts, to show which leaves went through the policy.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_at: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.inserted: list[int] = []
+        self.insert_args: list[tuple[int, int, int, int, int]] = []
+
+    def _tick(self, method: str) -> None:
+        if method in self.fail_at:
+            self.calls[method] = self.calls.get(method, 0) + 1
+            if self.calls[method] == self.fail_at[method]:
+                raise InjectedFault(f"{method} call {self.calls[method]}")
+
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
+        self._tick("insert")
+        self.inserted.append(block_id)
+        self.insert_args.append((block_id, block_hash, last_access, num_accesses, depth))
+        super().insert(block_id, block_hash, last_access, num_accesses, depth)
+
+    def discard(self, block_id: int) -> None:
+        self._tick("discard")
+        super().discard(block_id)
+
+    def touch(self, block_id: int, now: int) -> None:
+        self._tick("touch")
+        super().touch(block_id, now)
+
+
+def _make(policy: Any, total_count: int = 10) -> KVBlockAllocator:
+    return KVBlockAllocator(
+        total_count=total_count, block_size_tokens=2, device="cpu", eviction_policy=policy
+    )
+
+
+def _chain(allocator: KVBlockAllocator, hashes: list[int], **kwargs: Any) -> list[int]:
+    ids = allocator.allocate_memory_blocks(len(hashes))
+    assert ids is not None
+    allocator.register_kv_block_hashes(ids, hashes, **kwargs)
+    return ids.tolist()
+
+
+def _paused_allocator() -> KVBlockAllocator:
+    return KVBlockAllocator(total_count=10, paused_count=3, block_size_tokens=2, device="cpu")
+
+
+# ---------------------------------------------------------------------- planner paths
+
+
+def test_counts_in_numpy_integers_are_accepted() -> None:
+    allocator = _make(LRUPolicy())
+    ids = allocator.allocate_memory_blocks(np.int64(2))
+    assert ids is not None and len(ids) == 2
+    assert allocator.is_memory_available(np.int32(7)) and not allocator.is_memory_available(10)
+
+
+# ---------------------------------------------------------------------- large batches
+
+
+def test_batches_past_the_small_batch_size_count_each_occurrence() -> None:
+    allocator = _make(LRUPolicy(), total_count=700)
+    ids = allocator.allocate_memory_blocks(600).tolist()
+    extra = ids[400]  # not the smallest ID: a duplicate anywhere must be seen
+    allocator.acquire_blocks([*ids, extra])
+    active, _ = allocator.reference_counts(ids)
+    assert active.tolist() == [3 if block_id == extra else 2 for block_id in ids]
+    allocator.release_memory_blocks(ids[::-1])  # distinct, in an order that is not sorted
+    allocator.release_memory_blocks(ids[::-1])
+    freed = [block_id for block_id in ids[::-1] if block_id != extra]
+    assert allocator.pool.free_ids().tolist()[-len(freed) :] == freed  # in release order
+    assert allocator.get_active_used() == 1
+    assert allocator.stats().num_released_references == 2 * len(ids)
+
+
+def test_releases_count_every_reference_across_calls() -> None:
+    allocator = _make(LRUPolicy())
+    single, shared = allocator.allocate_memory_blocks(2).tolist()
+    allocator.acquire_blocks([shared, shared, shared])  # four references
+    allocator.release_memory_blocks([single])  # empties a block: 1
+    allocator.release_memory_blocks([shared, shared])  # empties none: 2
+    allocator.release_memory_blocks([shared])  # empties none: 1
+    assert allocator.stats().num_released_references == 4
+    with allocator.free_group():
+        allocator.release_memory_blocks([shared])
+    assert allocator.stats().num_released_references == 5
+    assert allocator.get_active_used() == 0
+
+
+def test_a_group_applies_every_queued_reference() -> None:
+    allocator = _make(LRUPolicy())
+    (block,) = allocator.allocate_memory_blocks(1).tolist()
+    allocator.acquire_blocks([block])
+    with allocator.free_group():
+        allocator.release_memory_blocks([block, block])
+    assert allocator.get_total_used() == 0
+    assert allocator.reference_counts([block])[0].tolist() == [0]
+
+
+# ---------------------------------------------------------------------- partitions
+
+
+def test_a_paused_release_of_a_block_still_active_keeps_it_active() -> None:
+    allocator = _paused_allocator()
+    (block,) = allocator.allocate_memory_blocks(1).tolist()
+    allocator.acquire_blocks([block])
+    allocator.pause([block])  # one active, one paused reference
+    allocator.release_memory_blocks([block], paused=True)
+    active, paused = allocator.reference_counts([block])
+    assert (active.tolist(), paused.tolist()) == ([1], [0])
+    assert (allocator.get_active_used(), allocator.get_paused_used()) == (1, 0)
+    assert block not in allocator.pool.free_ids().tolist()
+    allocator.check_invariants()
+
+
+def test_acquiring_a_paused_block_with_a_cached_leaf_moves_each_to_its_state() -> None:
+    allocator = _paused_allocator()
+    (held,) = _chain(allocator, [11])
+    (cached,) = _chain(allocator, [21])
+    allocator.release_memory_blocks([cached])
+    allocator.pause([held])
+    clock = allocator.clock
+    allocator.acquire_blocks([held, cached])
+    assert allocator.clock == clock + 1
+    assert (allocator.get_active_used(), allocator.get_paused_used()) == (2, 0)
+    assert allocator.get_evictable_block_count() == 0
+    assert len(allocator.policy) == 0
+    assert [t.tolist() for t in allocator.reference_counts([held, cached])] == [[1, 1], [1, 0]]
+    allocator.check_invariants()
+
+
+def test_acquiring_an_active_block_with_a_cached_one_discards_only_the_cached() -> None:
+    allocator = _make(LRUPolicy())
+    (active,) = _chain(allocator, [11])
+    (cached,) = _chain(allocator, [21])
+    allocator.release_memory_blocks([cached])
+    allocator.acquire_blocks([active, cached])
+    assert [t.tolist() for t in allocator.reference_counts([active, cached])] == [[2, 1], [0, 0]]
+    assert allocator.get_active_used() == 2 and len(allocator.policy) == 0
+    allocator.check_invariants()
+
+
+def test_a_block_held_active_and_paused_can_be_registered_acquired_and_touched() -> None:
+    allocator = _paused_allocator()
+    first, second = allocator.allocate_memory_blocks(2).tolist()
+    allocator.acquire_blocks([first, second])
+    allocator.pause([first, second])  # each: one active, one paused reference
+    allocator.update_timestamps([first])
+    allocator.acquire_blocks([first])
+    assert allocator.register_kv_block_hashes([second], [11]).tolist() == [True]
+    assert [t.tolist() for t in allocator.reference_counts([first, second])] == [[2, 1], [1, 1]]
+
+
+def test_the_policy_hears_the_hand_outs_and_depth_of_a_released_leaf() -> None:
+    policy = FlakyLRU()
+    allocator = _make(policy)
+    root, leaf = _chain(allocator, [11, 12])
+    allocator.match_prefix([11, 12], acquire=True)
+    allocator.match_prefix([11, 12], acquire=True)
+    allocator.release_memory_blocks([root, leaf] * 3)
+    ((block_id, block_hash, last_access, num_accesses, depth),) = policy.insert_args
+    assert (block_id, block_hash, num_accesses, depth) == (leaf, 12, 3, 1)
+    assert type(last_access) is int and last_access == allocator.clock
+    _chain(allocator, [21])
+    refused, taken = allocator.allocate_memory_blocks(2).tolist()
+    # 21 is held by another block: the general path registers 22 under that holder.
+    assert allocator.register_kv_block_hashes([refused, taken], [21, 22]).tolist() == [False, True]
+    allocator.release_memory_blocks([refused, taken])
+    assert policy.insert_args[-1][0] == taken
+    assert policy.insert_args[-1][3:] == (1, 1)  # one hand-out since registration; depth 1
+
+
+def test_move_references_refuses_with_the_partition_named() -> None:
+    allocator = _paused_allocator()
+    (block,) = allocator.allocate_memory_blocks(1).tolist()
+    with pytest.raises(Exception, match=rf"^block {block} \(active\) holds 0 paused reference"):
+        allocator.resume([block])
+    allocator.pause([block])
+    with pytest.raises(Exception, match=rf"^block {block} \(paused\) holds 0 active reference"):
+        allocator.pause([block])
+
+
+def test_pausing_a_block_active_twice_keeps_it_counted_active() -> None:
+    allocator = _paused_allocator()
+    (block,) = allocator.allocate_memory_blocks(1).tolist()
+    allocator.acquire_blocks([block, block])
+    allocator.pause([block])
+    allocator.pause([block])  # (2 active, 1 paused) -> (1, 2): still active
+    assert (allocator.get_active_used(), allocator.get_paused_used()) == (1, 0)
+    allocator.check_invariants()
+
+
+def test_a_move_that_adds_no_block_passes_an_overfull_paused_partition() -> None:
+    allocator = KVBlockAllocator(total_count=8, paused_count=1, block_size_tokens=2, device="cpu")
+    first, second, third = allocator.allocate_memory_blocks(3).tolist()
+    allocator.pause([first])  # the paused budget is full
+    allocator.acquire_blocks([second, third])
+    allocator.pause([second])  # (1 active, 1 paused): counted active
+    allocator.release_memory_blocks([second])  # now paused only: over the budget
+    assert allocator.get_paused_used() == 2
+    allocator.pause([third])  # stays active: allowed
+    assert (allocator.get_active_used(), allocator.get_paused_used()) == (1, 2)
+
+
+def test_a_move_that_adds_no_block_passes_an_overfull_active_partition() -> None:
+    allocator = KVBlockAllocator(total_count=6, paused_count=2, block_size_tokens=2, device="cpu")
+    ids = allocator.allocate_memory_blocks(5).tolist()  # active budget 3: allocation ignores it
+    allocator.acquire_blocks(ids[:1])
+    allocator.pause(ids[:1])
+    allocator.resume(ids[:1])  # stays active: allowed
+    assert allocator.get_active_used() == 5
+
+
+def test_resume_may_fill_the_active_budget_exactly() -> None:
+    allocator = KVBlockAllocator(total_count=6, paused_count=2, block_size_tokens=2, device="cpu")
+    ids = allocator.allocate_memory_blocks(3).tolist()  # the active budget is 3
+    allocator.pause(ids[:1])
+    allocator.resume(ids[:1])
+    assert allocator.get_active_used() == 3 and allocator.get_active_avail() == 0
+
+
+# ---------------------------------------------------------------------- retention
+
+
+def test_counts_and_policy_arguments_are_integers() -> None:
+    policy = FlakyLRU()
+    allocator = _make(policy)
+    (block,) = _chain(allocator, [11])
+    active, paused = allocator.reference_counts([block])
+    assert active.dtype == torch.int32 and paused.dtype == torch.int32
+    allocator.release_memory_blocks([block])
+    assert [type(arg) for arg in policy.insert_args[0]] == [int] * 5
