@@ -13,9 +13,10 @@ table; :meth:`RequestPathMethods.release_request` drops them again.
 On the native engine, when nothing above the engine must see the calls (no
 KV events, no MoE routing, no verification fingerprints), both are the
 extension's own functions bound on the allocator: one C call per request, no
-tensor created (DESIGN.md, "The native engine"); so is ``allocate_block_ids``. Otherwise they are composed
-here from the engine's primitives and the facade's collaborators, with the
-same results (``tests/native/test_differential.py`` compares the two).
+tensor created (DESIGN.md, "The native engine"); so is ``allocate_block_ids``.
+Otherwise they are composed here from the engine's primitives and the facade's
+collaborators, with the same results (``tests/native/test_differential.py``
+compares the two).
 """
 
 from __future__ import annotations

@@ -78,6 +78,10 @@ def _outcome(call: Any) -> tuple[str, Any]:
     return ("ok", result)
 
 
+def _as_list(block_ids: Any) -> list[int] | None:
+    return None if block_ids is None else list(block_ids.tolist())
+
+
 class DifferentialMachine(RuleBasedStateMachine):
     """Same operations on both engines; every observable compared after each step."""
 
@@ -113,6 +117,13 @@ class DifferentialMachine(RuleBasedStateMachine):
     @rule(count=st.integers(0, TOTAL_COUNT + 1))
     def allocate(self, count: int) -> None:
         kind, ids = self.both(lambda a: a.allocate_memory_blocks(count))
+        if kind == "ok" and ids is not None:
+            self.held.extend(ids)
+            self.requests.append(ids)
+
+    @rule(count=st.integers(0, 4))
+    def allocate_block_ids(self, count: int) -> None:
+        kind, ids = self.both(lambda a: _as_list(a.allocate_block_ids(count)))
         if kind == "ok" and ids is not None:
             self.held.extend(ids)
             self.requests.append(ids)
