@@ -40,7 +40,7 @@ from prefixcache.errors import (
     InvalidArgumentError,
     InvariantError,
 )
-from prefixcache.policies import EvictionPolicy, SupportsRetention
+from prefixcache.policies import EvictionPolicy, has_hook
 
 _SENTINEL_HASHES = (0, -1)
 
@@ -529,7 +529,7 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, 
 
         Complexity: O(k) policy calls.
         """
-        if not isinstance(self.policy, SupportsRetention):
+        if not has_hook(self.policy, "set_retention"):
             raise ConfigError(
                 f"policy {type(self.policy).__name__} does not support retention priorities; "
                 "configure one that does (e.g. 'priority')"

@@ -19,7 +19,7 @@ from prefixcache.engine.references import ReferenceTable
 from prefixcache.engine.registry import ROOT, HashRegistry
 from prefixcache.engine.types import NO_HASH
 from prefixcache.errors import HashConflictError
-from prefixcache.policies import EvictionPolicy, ObservesRegistrations
+from prefixcache.policies import EvictionPolicy, has_hook
 
 
 def num_holding_own_hash(registry: HashRegistry, id_list: list[int], hashes: list[int]) -> int:
@@ -145,7 +145,7 @@ class Registrar:
         self._retains_unreferenced = retains_unreferenced
         self._discard_leaves = discard_leaves
         self._observe_registration = (
-            policy.on_register if isinstance(policy, ObservesRegistrations) else None
+            policy.on_register if has_hook(policy, "on_register") else None
         )
 
     def register(
