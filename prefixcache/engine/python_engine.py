@@ -491,12 +491,13 @@ class PythonEngine:
     def cached_leaves(self) -> list[int]:
         """Every cached leaf (what the policy tracks). Complexity: O(total_count)."""
         usable = slice(0, self.num_usable)
-        return np.flatnonzero(
+        leaves: list[int] = np.flatnonzero(
             self.registry.is_registered[usable]
             & (self.refs.active[usable] == 0)
             & (self.refs.paused[usable] == 0)
             & (self.registry.num_children[usable] == 0)
         ).tolist()
+        return leaves
 
     def find_problems(self) -> list[str]:
         return find_invariant_problems(self)
