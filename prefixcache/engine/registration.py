@@ -144,9 +144,7 @@ class Registrar:
         self._policy = policy
         self._retains_unreferenced = retains_unreferenced
         self._discard_leaves = discard_leaves
-        self._observe_registration = (
-            policy.on_register if has_hook(policy, "on_register") else None
-        )
+        self._observe_registration = policy.on_register if has_hook(policy, "on_register") else None
 
     def register(
         self, block_ids: np.ndarray, block_hashes: list[int], parent_hash: int | None, clock: int
