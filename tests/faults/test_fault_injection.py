@@ -24,7 +24,8 @@ the digest fields that changed.
 
 The policy's part of the digest is its whole eviction order (a deep copy
 evicts everything): every policy, adaptive ones included, must end with the
-same order after a failed call (their undo logs, ``policies/undo.py``).
+same order after a failed call (their transactions: ``abort`` restores the
+state at ``begin``; DESIGN.md, "The transaction rule").
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from prefixcache.policies import PredictsNextVictim
+from prefixcache.policies import EvictionPolicy, has_hook
 
 from prefixcache import KVBlockAllocator, PrefixCacheError, policies
 from prefixcache.engine import hashing
@@ -87,8 +88,12 @@ class FaultPlan:
             raise InjectedFault(f"injected at call {self.fail_at}: {name}")
 
 
-class FaultyPolicy:
-    """An eviction policy proxy whose every method first asks the plan whether to fail."""
+class FaultyPolicy(EvictionPolicy):
+    """An eviction policy proxy whose every method first asks the plan whether to fail.
+
+    ``commit`` and ``abort`` never fail (the engine calls them once it can no
+    longer undo, and to undo); ``begin`` may.
+    """
 
     def __init__(self, inner: Any, plan: FaultPlan) -> None:
         self.inner = inner
@@ -113,6 +118,16 @@ class FaultyPolicy:
         self.plan.tick("policy.evict")
         return self.inner.evict(num_blocks)
 
+    def begin(self) -> None:
+        self.plan.tick("policy.begin")
+        self.inner.begin()
+
+    def commit(self) -> None:
+        self.inner.commit()
+
+    def abort(self) -> None:
+        self.inner.abort()
+
     def clear(self) -> None:
         self.plan.tick("policy.clear")
         self.inner.clear()
@@ -130,7 +145,7 @@ class FaultyPolicy:
     ) -> bool:
         """Forwards when the inner policy predicts its next victim; else never predicts."""
         self.plan.tick("policy.evicts_first")
-        if not isinstance(self.inner, PredictsNextVictim):
+        if not has_hook(self.inner, "evicts_first"):
             return False
         return self.inner.evicts_first(block_id, block_hash, last_access, num_accesses, depth)
 
