@@ -10,12 +10,19 @@ fixtures: ``digest`` returns :func:`state_digest` and ``refuses`` returns
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+
+# Most unit tests look inside the Python engine (its pool, registry, reference table), so
+# the suite runs it unless the environment says otherwise. The native engine is tested
+# against it step by step (tests/native/), and CI runs the tests of behaviour through the
+# public API again with PREFIXCACHE_ENGINE=native (.ci/run).
+os.environ.setdefault("PREFIXCACHE_ENGINE", "python")
 
 from prefixcache import KVBlockAllocator, PrefixCacheError
 from prefixcache.testing import changed_fields, state_digest

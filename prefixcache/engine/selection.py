@@ -23,7 +23,7 @@ from prefixcache.policies import EvictionPolicy, FIFOPolicy, LRUPolicy, RefZeroP
 ENGINE_ENV = "PREFIXCACHE_ENGINE"
 """Environment variable that overrides ``engine="auto"``: ``python`` or ``native``."""
 
-AUTO_PREFERS_NATIVE = False
+AUTO_PREFERS_NATIVE = True
 """Whether ``engine="auto"`` runs the native engine where it can (else only on request)."""
 
 _NATIVE_POLICY_TYPES: dict[str, type] = {
@@ -55,6 +55,8 @@ def native_policy_name(config: AllocatorConfig, policy: EvictionPolicy) -> str |
     Python object (the caller may hold it); so does a name that a program
     re-registered to another class.
     """
+    if config.cache_unreferenced is False:  # nothing is cached: the policy never runs
+        return "ref_zero"
     spec = config.eviction_policy
     if isinstance(spec, Mapping):
         if set(spec) != {"name"}:
@@ -127,4 +129,5 @@ def build_engine(
         policy,
         config.device,
         track_changes=track_changes,
+        cache_unreferenced=config.cache_unreferenced,
     )

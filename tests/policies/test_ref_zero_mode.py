@@ -77,10 +77,6 @@ def test_ref_zero_drops_a_released_block_through_the_allocator() -> None:
     assert len(allocator.policy) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="selection.build_engine does not pass config.cache_unreferenced to the engine yet",
-)
 def test_cache_unreferenced_false_with_any_policy_is_ref_zero() -> None:
     allocator = KVBlockAllocator(**BASE, engine="python", cache_unreferenced=False)
     _release_one_registered_block(allocator)
