@@ -35,6 +35,7 @@ from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 from prefixcache.policies.arc import ARCPolicy
+from prefixcache.policies.auto import AutoPolicy
 from prefixcache.policies.base import (
     OPTIONAL_HOOKS,
     EvictionPolicy,
@@ -84,6 +85,7 @@ ENTRY_POINT_GROUP = "prefixcache.policies"
 _T = TypeVar("_T", bound=type)
 _registry: dict[str, type] = {
     "arc": ARCPolicy,
+    "auto": AutoPolicy,
     "belady": BeladyPolicy,
     "fifo": FIFOPolicy,
     "hazard": HazardPolicy,
