@@ -17,8 +17,7 @@ What maps to what (DESIGN.md, "vLLM integration"):
   block). ``last_access`` is a clock that ticks once per freed block, in vLLM's free
   order, so ``"lru"`` reproduces vLLM's own order; ``num_accesses`` is 1 plus the
   prefix hits (``BlockPool.touch``) since the block was filled; ``depth`` its position
-  in the request's block table; the hash is the first 8 bytes of vLLM's key folded with
-  the group ID.
+  in the request's block table; the hash is XXH3-64 of vLLM's key (hash and group ID).
 - Parents come from ``cache_full_blocks`` (block ``i - 1`` of the same table). Evicting a
   leaf exposes its parent, which the policy then orders, so a chain is eaten from its
   end whatever order callers free it in.
@@ -44,6 +43,8 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import xxhash
 
 from prefixcache import policies
 from prefixcache.errors import ConfigError, InvariantError
@@ -145,13 +146,16 @@ class _Chain:
 
 
 def policy_hash(key: object) -> int:
-    """The int a policy sees for vLLM's block key (hash bytes + 4-byte group ID). O(1).
+    """The int a policy sees for vLLM's block key (hash bytes + 4-byte group ID). O(len).
 
-    >>> policy_hash(bytes(range(8)) + (1).to_bytes(4, "big")) == 0x0706050403020100 ^ 1
+    XXH3-64 of the whole key, so every byte and the group count, and equal keys give
+    equal ints in every process (a key that is no bytes: Python's ``hash``).
+
+    >>> policy_hash(b"block" + bytes(4)) != policy_hash(b"block" + bytes([0, 0, 0, 1]))
     True
     """
-    if isinstance(key, bytes) and len(key) >= 12:
-        return (int.from_bytes(key[:8], "little") ^ int.from_bytes(key[-4:], "big")) & _MASK63
+    if isinstance(key, bytes):
+        return xxhash.xxh3_64_intdigest(key) & _MASK63
     return hash(key) & _MASK63
 
 
@@ -296,6 +300,13 @@ class PolicyFreeBlockQueue:
     def note_hash_removed(self, block: Any) -> None:
         """``block`` lost its hashes: cut its links; free, it is now hash-less. O(log n)."""
         block_id = block.block_id
+        if (
+            block_id not in self._depth
+            and block_id not in self._where
+            and block_id not in self._parent
+            and block_id not in self._children
+        ):
+            return  # the common case: a victim popleft_n already cut, or a hash-less block
         self._cut(block_id)
         self._depth.pop(block_id, None)
         self._accesses.pop(block_id, None)

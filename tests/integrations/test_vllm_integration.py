@@ -132,10 +132,12 @@ def test_hit_rates_differ_from_lru_as_the_policies_say() -> None:
     # A scan of twelve one-off blocks flushes the hot prefix under LRU. FIFO is LRU here:
     # a hit takes a block out of the free queue and its release inserts it anew.
     assert rates["lru"] == rates["fifo"] == vanilla
-    for policy in ("lfu", "slru", "s3fifo", "hazard"):  # reused blocks outlive one-off ones
+    for policy in set(POLICIES) - {"lru", "fifo"}:  # reused blocks outlive one-off ones
         assert rates[policy] > vanilla + 0.1, rates
-    for policy in ("arc", "protected_lru", "reuse_lru"):
-        assert rates[policy] > vanilla + 0.03, rates
+    # Ghost lists keyed by hash see the hot blocks come back (with every hash equal, as
+    # when only vLLM's zero-padded first bytes were read, they fell to about 0.27).
+    for policy in ("s3fifo", "arc", "protected_lru"):
+        assert rates[policy] > 0.42, rates
 
 
 def test_a_chain_freed_forward_is_still_eaten_from_its_end() -> None:

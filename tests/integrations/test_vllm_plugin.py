@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -634,12 +635,11 @@ def test_iter_blocks_after_walks_from_a_cursor() -> None:
     assert list(queue.iter_blocks_after(blocks[3])) == []
 
 
-def test_policy_hash_folds_the_group_and_takes_anything() -> None:
-    key = bytes(range(32)) + (3).to_bytes(4, "big")
-    assert policy_hash(key) == (int.from_bytes(bytes(range(8)), "little") ^ 3) & ((1 << 63) - 1)
-    assert 0 <= policy_hash(-5) < 1 << 63 and policy_hash(b"short") == hash(b"short") & (
-        (1 << 63) - 1
-    )
+def test_policy_hash_reads_every_byte_and_takes_anything() -> None:
+    key = bytes(31) + b"\x01" + bytes(4)  # a 64-bit hash padded big-endian: zeros first
+    assert policy_hash(key) != policy_hash(bytes(36)) != policy_hash(bytes(32) + b"\0\0\0\1")
+    assert policy_hash(key) == xxhash.xxh3_64_intdigest(key) & ((1 << 63) - 1)
+    assert 0 <= policy_hash(-5) < 1 << 63 and policy_hash(7) == 7
 
 
 def test_a_policy_that_breaks_its_contract_is_caught() -> None:
