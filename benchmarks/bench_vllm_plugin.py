@@ -22,6 +22,7 @@ Run where vLLM 0.33 is installed (``../shared/bench/README.md``), from the check
 from __future__ import annotations
 
 import argparse
+import importlib
 import platform
 import statistics
 import sys
@@ -79,9 +80,8 @@ def vllm_replay(
     ``trim``: evict down to ``capacity`` cached blocks after each request (the hit
     table); without it vLLM evicts only when it allocates, as when serving (the times).
     """
-    from vllm.v1.core.block_pool import BlockPool
-
-    pool = BlockPool(capacity + max(map(len, chains)) + 1, True, 16)
+    block_pool = importlib.import_module("vllm.v1.core.block_pool")  # vLLM: no type stubs
+    pool = block_pool.BlockPool(capacity + max(map(len, chains)) + 1, True, 16)
     index = pool.cached_block_hash_to_block
     hit_blocks = total = 0
     start = time.perf_counter()
@@ -191,8 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--time-capacity", type=int, default=300)
     args = parser.parse_args(argv)
-    import vllm
-
+    vllm = importlib.import_module("vllm")
     auto = "auto" if "auto" in plugin.policies.available() else plugin.AUTO_POLICY
     print(
         f"vLLM {vllm.__version__}, Python {platform.python_version()}, {cpu_model()}; "
