@@ -60,6 +60,12 @@ def find_invariant_problems(engine: PythonEngine) -> list[str]:
     )
     if total != engine.num_usable:
         problems.append(f"free+active+paused+cached = {total}, usable = {engine.num_usable}")
+    num_holding_paused = int(np.count_nonzero(paused_refs > 0))
+    if num_holding_paused != engine.ledger.num_holding_paused:
+        problems.append(
+            f"paused-holding counter {engine.ledger.num_holding_paused} but "
+            f"{num_holding_paused} blocks hold paused references"
+        )
     problems.extend(engine.ledger.check())
     problems.extend(engine.registry.check())
     leaves = np.flatnonzero(is_cached & (engine.registry.num_children[usable] == 0))

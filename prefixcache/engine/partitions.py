@@ -15,15 +15,25 @@ class PartitionLedger:
     The paused partition may hold at most ``paused_count`` blocks and the
     active one at most ``active_count`` when :meth:`plan_move` moves
     references between them; allocation is bounded by the whole pool, as in
-    Megatron-core. Its own invariants (``check``): no count is negative and
-    neither budget is exceeded by a move.
+    Megatron-core. ``num_holding_paused`` counts the blocks holding *any*
+    paused reference (paused-only or also active), the count the paused budget
+    is to bound (issue 15 item 3: releasing the running holder of a paused
+    block makes it paused-only with no budget check). Its own invariants
+    (``check``): no count is negative and ``num_paused <= num_holding_paused``.
 
     Args:
         num_usable: usable blocks (the dummy excluded).
         paused_count: budget of the paused partition.
     """
 
-    __slots__ = ("active_count", "num_active", "num_cached", "num_paused", "paused_count")
+    __slots__ = (
+        "active_count",
+        "num_active",
+        "num_cached",
+        "num_holding_paused",
+        "num_paused",
+        "paused_count",
+    )
 
     def __init__(self, num_usable: int, paused_count: int) -> None:
         self.paused_count = paused_count
@@ -31,17 +41,19 @@ class PartitionLedger:
         self.num_active = 0
         self.num_paused = 0
         self.num_cached = 0
+        self.num_holding_paused = 0
 
     def plan_move(
         self, active: np.ndarray, paused: np.ndarray, delta: int | np.ndarray, *, to_paused: bool
-    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+    ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
         """The counts and partition totals after moving ``delta`` references per block.
 
         ``active`` and ``paused`` are the blocks' counts before the move.
         Changes nothing.
 
         Returns:
-            ``(active after, paused after, active total, paused total)``.
+            ``(active after, paused after, active total, paused total,
+            holding-paused total)``.
 
         Raises:
             BudgetExceededError: the move adds blocks to a partition beyond its
@@ -55,6 +67,9 @@ class PartitionLedger:
         new_paused = int(np.count_nonzero((after_active == 0) & (after_paused > 0)))
         total_active = self.num_active + new_active - num_active
         total_paused = self.num_paused + new_paused - num_paused
+        num_holding = int(np.count_nonzero(paused))
+        new_holding = int(np.count_nonzero(after_paused))
+        total_holding = self.num_holding_paused + new_holding - num_holding
         if to_paused and new_paused > num_paused and total_paused > self.paused_count:
             raise BudgetExceededError(
                 f"pausing would hold {total_paused} paused blocks; budget is {self.paused_count}"
@@ -63,7 +78,7 @@ class PartitionLedger:
             raise BudgetExceededError(
                 f"resuming would hold {total_active} active blocks; budget is {self.active_count}"
             )
-        return after_active, after_paused, total_active, total_paused
+        return after_active, after_paused, total_active, total_paused, total_holding
 
     @property
     def active_avail(self) -> int:
@@ -77,12 +92,17 @@ class PartitionLedger:
 
     def clear(self) -> None:
         """Every count zero (engine reset)."""
-        self.num_active = self.num_paused = self.num_cached = 0
+        self.num_active = self.num_paused = self.num_cached = self.num_holding_paused = 0
 
     def check(self) -> list[str]:
         """The ledger's own invariants, described; empty when all hold."""
         problems = []
-        for name in ("num_active", "num_paused", "num_cached"):
+        for name in ("num_active", "num_paused", "num_cached", "num_holding_paused"):
             if getattr(self, name) < 0:
                 problems.append(f"partition ledger: {name} is negative ({getattr(self, name)})")
+        if self.num_paused > self.num_holding_paused:
+            problems.append(
+                f"partition ledger: {self.num_paused} paused-only blocks but only "
+                f"{self.num_holding_paused} hold paused references"
+            )
         return problems

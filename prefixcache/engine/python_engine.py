@@ -204,6 +204,7 @@ class PythonEngine:
         self._num_released += num_references
         if paused:  # still-active blocks do not change state; the rest were paused
             self.ledger.num_paused -= len(emptied) - still_held
+            self.ledger.num_holding_paused -= len(emptied)
         else:  # blocks with paused references become paused
             self.ledger.num_active -= len(emptied)
             self.ledger.num_paused += still_held
@@ -383,12 +384,14 @@ class PythonEngine:
         refs.check_can_drop(
             unique, counts, held, "active" if to_paused else "paused", self.describe_state
         )
-        after_active, after_paused, total_active, total_paused = self.ledger.plan_move(
+        ledger = self.ledger
+        after_active, after_paused, total_active, total_paused, total_holding = ledger.plan_move(
             active, paused, delta, to_paused=to_paused
         )
         refs.active[unique] = after_active
         refs.paused[unique] = after_paused
-        self.ledger.num_active, self.ledger.num_paused = total_active, total_paused
+        ledger.num_active, ledger.num_paused = total_active, total_paused
+        ledger.num_holding_paused = total_holding
 
     def touch(self, block_ids: np.ndarray) -> None:
         ids = block_ids

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixcache import KVBlockAllocator, PrefixCacheError
+from prefixcache.errors import InvariantError
 
 PENDING = pytest.mark.xfail(
     strict=True, reason="engine fix pending (issue 15 item 3, python_engine.py)"
@@ -106,4 +107,62 @@ def test_no_sequence_puts_the_paused_partition_over_budget(
         except PrefixCacheError:
             pass  # a budget refusal changes nothing
         paused_books_agree(allocator)
+        allocator.check_invariants()
+
+
+# The bookkeeping the fix rests on (lands first): both engines count the blocks
+# holding any paused reference, and ``check_invariants`` pins the count.
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_blocks_holding_paused_references_are_counted_on_both_engines(engine: str) -> None:
+    allocator = KVBlockAllocator(total_count=10, paused_count=3, device="cpu", engine=engine)
+    shared = allocator.allocate_memory_blocks(2)
+    allocator.acquire_blocks(shared)
+    allocator.pause(shared[:1])  # one block held active and paused
+    allocator.check_invariants()
+    with allocator.free_group():
+        allocator.release_memory_blocks(shared)  # the running holders finish
+    allocator.check_invariants()
+    allocator.resume(shared[:1])
+    allocator.pause(shared[:1])
+    allocator.release_memory_blocks(shared[:1], paused=True)  # the paused reference leaves
+    allocator.check_invariants()
+    allocator.reset()
+    allocator.check_invariants()
+
+
+def test_the_python_ledger_follows_each_transition() -> None:
+    allocator = KVBlockAllocator(total_count=10, paused_count=3, device="cpu", engine="python")
+    ledger = allocator._engine.ledger
+    shared = allocator.allocate_memory_blocks(2)
+    allocator.acquire_blocks(shared)
+    allocator.pause(shared)
+    assert (ledger.num_paused, ledger.num_holding_paused) == (0, 2)
+    allocator.release_memory_blocks(shared[:1])
+    assert (ledger.num_paused, ledger.num_holding_paused) == (1, 2)
+    allocator.resume(shared[1:])
+    assert (ledger.num_paused, ledger.num_holding_paused) == (1, 1)
+    allocator.release_memory_blocks(shared[:1], paused=True)
+    assert (ledger.num_paused, ledger.num_holding_paused) == (0, 0)
+    allocator.pause(shared[1:])
+    allocator.reset()
+    assert ledger.num_holding_paused == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda ledger: setattr(ledger, "num_holding_paused", 2), "paused-holding counter 2"),
+        (lambda ledger: setattr(ledger, "num_holding_paused", -1), "is negative"),
+        (lambda ledger: setattr(ledger, "num_holding_paused", 0), "1 paused-only blocks but"),
+    ],
+)
+def test_check_invariants_reports_a_wrong_paused_holding_count(
+    change: Callable[[object], None], message: str
+) -> None:
+    allocator = KVBlockAllocator(total_count=10, paused_count=3, device="cpu", engine="python")
+    allocator.pause(allocator.allocate_memory_blocks(1))
+    change(allocator._engine.ledger)
+    with pytest.raises(InvariantError, match=message):
         allocator.check_invariants()

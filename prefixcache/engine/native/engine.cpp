@@ -202,6 +202,7 @@ void Engine::drop_references(bool paused) {
   if (!unreferenced.empty()) on_unreferenced(unreferenced);
   if (paused) {  // still-active blocks do not change state; the rest were paused
     num_paused_ -= num_emptied - still_held;
+    num_holding_paused_ -= num_emptied;
   } else {  // blocks with paused references become paused
     num_active_ -= num_emptied;
     num_paused_ += still_held;
@@ -325,6 +326,7 @@ void Engine::move(const int32_t* ids, size_t count, bool to_paused) {
   if (count == 0) return;
   count_occurrences(ids, count);
   int64_t was_active = 0, was_paused = 0, now_active = 0, now_paused = 0;
+  int64_t was_holding = 0, now_holding = 0;
   for (size_t j = 0; j < unique_.size(); ++j) {
     const int32_t block_id = unique_[j];
     const int32_t delta = counts_.empty() ? 1 : counts_[j];
@@ -343,9 +345,12 @@ void Engine::move(const int32_t* ids, size_t count, bool to_paused) {
     was_paused += active == 0 && paused > 0;
     now_active += after_active != 0;
     now_paused += after_active == 0 && after_paused > 0;
+    was_holding += paused > 0;
+    now_holding += after_paused > 0;
   }
   const int64_t total_active = num_active_ + now_active - was_active;
   const int64_t total_paused = num_paused_ + now_paused - was_paused;
+  const int64_t total_holding = num_holding_paused_ + now_holding - was_holding;
   // A move that adds no block to the target partition never overflows it.
   if (to_paused && now_paused > was_paused && total_paused > paused_count_) {
     fail(ErrorKind::kBudgetExceeded, "pausing would hold " + std::to_string(total_paused) +
@@ -365,6 +370,7 @@ void Engine::move(const int32_t* ids, size_t count, bool to_paused) {
   }
   num_active_ = total_active;
   num_paused_ = total_paused;
+  num_holding_paused_ = total_holding;
 }
 
 void Engine::touch(const int32_t* ids, size_t count) {

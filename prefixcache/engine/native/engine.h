@@ -178,6 +178,7 @@ class Engine {
   LeafHeap heap_;
 
   int64_t num_active_ = 0, num_paused_ = 0, num_cached_ = 0;
+  int64_t num_holding_paused_ = 0;  // blocks holding any paused reference (paused budget)
   Counters counters_;
 
   std::vector<int32_t> changed_free_;

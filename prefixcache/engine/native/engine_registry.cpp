@@ -207,7 +207,7 @@ int64_t Engine::admit(const int64_t* hashes, size_t num_full, size_t num_matchab
 
 void Engine::reset_counters() noexcept {
   counters_ = Counters{};
-  num_active_ = num_paused_ = num_cached_ = 0;
+  num_active_ = num_paused_ = num_cached_ = num_holding_paused_ = 0;
 }
 
 void Engine::reset() {
@@ -252,6 +252,7 @@ std::vector<std::string> Engine::find_problems() const {
     on_stack[block_id] = 1;
   }
   int64_t num_active = 0, num_paused = 0, num_cached = 0, num_leaves = 0, num_registered = 0;
+  int64_t num_holding_paused = 0;
   std::vector<int32_t> children(total_count_, 0);
   for (int32_t block_id = 0; block_id < num_usable_; ++block_id) {
     const int32_t active = active_[block_id], paused = paused_[block_id];
@@ -265,6 +266,7 @@ std::vector<std::string> Engine::find_problems() const {
     }
     num_active += active > 0;
     num_paused += active <= 0 && paused > 0;
+    num_holding_paused += paused > 0;
     const bool cached = active <= 0 && paused <= 0 && registered;
     num_cached += cached;
     if (registered) {
@@ -299,12 +301,17 @@ std::vector<std::string> Engine::find_problems() const {
       {"active", num_active, num_active_},
       {"paused", num_paused, num_paused_},
       {"cached", num_cached, num_cached_},
+      {"paused-holding", num_holding_paused, num_holding_paused_},
   };
   for (const auto& p : partitions) {
     if (p.counted != p.counter) {
       problems.push_back(std::string(p.name) + " counter " + std::to_string(p.counter) + " but " +
                          std::to_string(p.counted) + " " + p.name + " blocks");
     }
+  }
+  if (num_paused_ > num_holding_paused_) {
+    problems.push_back(std::to_string(num_paused_) + " paused-only blocks but only " +
+                       std::to_string(num_holding_paused_) + " hold paused references");
   }
   const int64_t total = num_free_ + num_active_ + num_paused_ + num_cached_;
   if (total != num_usable_) {
