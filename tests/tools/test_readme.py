@@ -26,7 +26,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 # compiled engine (a machine without a compiler falls back to the Python engine), the
 # engines the integrations adapt (Megatron-core, vLLM: peers, tested against fakes without
 # them) and tomllib (the standard library's from Python 3.11).
-MAY_BE_MISSING = ("dynamo", "prefixcache", "megatron", "vllm", "tomllib")
+MAY_BE_MISSING = ("dynamo", "prefixcache", "megatron", "vllm", "redis", "tomllib")
 
 
 def fenced_blocks(text: str, language: str) -> list[tuple[int, str]]:
