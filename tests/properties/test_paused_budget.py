@@ -22,7 +22,8 @@ from prefixcache import KVBlockAllocator, PrefixCacheError
 from prefixcache.errors import InvariantError
 
 PENDING = pytest.mark.xfail(
-    strict=True, reason="engine fix pending (issue 15 item 3, python_engine.py)"
+    strict=False,  # a search: a short run may not reach the sequence
+    reason="engine fix pending (issue 15 item 3, python_engine.py)",
 )
 
 
