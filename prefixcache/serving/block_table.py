@@ -258,3 +258,71 @@ class BlockTable:
     def _upload(self, slot: int, start: int, stop: int) -> None:
         if self._device is not self._host and stop > start:
             self._device[slot, start:stop].copy_(self._host[slot, start:stop], non_blocking=True)
+
+    # ------------------------------------------------------------------ hybrid-model rows
+
+    def add_request_at(self, start: int, block_ids: BlockIdsLike) -> int:
+        """A new request whose columns ``start ..`` hold ``block_ids``; earlier ones the dummy.
+
+        A sliding-window prefix hit needs only the blocks inside the window,
+        yet a kernel finds block ``i`` at column ``i``: the leading columns
+        point at the dummy block and the row counts ``start + len(block_ids)``
+        blocks.
+
+        Raises:
+            InvalidArgumentError: a negative ``start``.
+            InvalidTensorError, InvalidBlockIdError: malformed IDs or the dummy block.
+            CapacityError: no free slot, or the row would overflow.
+
+        Complexity: O(start + len(block_ids) + log max_requests).
+        """
+        start = require_int(start, "start", minimum=0)
+        ids = to_block_ids(block_ids, self.dummy_block_id)
+        if not self._free_slots:
+            raise CapacityError(f"all {self.max_requests} request slots are in use")
+        self._check_room(len(ids), start, "a new request")
+        slot = heapq.heappop(self._free_slots)
+        self._in_use[slot] = True
+        self._lengths[slot] = start
+        self._write(slot, start, ids)
+        return slot
+
+    def clear_blocks(self, slot: int, start: int, stop: int) -> torch.Tensor:
+        """Point columns ``start .. stop`` of ``slot`` back at the dummy block; return them.
+
+        For blocks given back while the request runs (they fell out of a
+        sliding window). The row keeps its length; the caller releases the
+        returned IDs (dummy entries included where columns were cleared before).
+
+        Raises:
+            InvalidArgumentError: ``slot`` holds no request, or the range is
+                not inside the row.
+
+        Complexity: O(stop - start).
+        """
+        slot = self._check_slot(slot)
+        start = require_int(start, "start", minimum=0)
+        stop = require_int(stop, "stop", minimum=start, maximum=int(self._lengths[slot]))
+        block_ids = self._rows[slot, start:stop].copy()
+        self._rows[slot, start:stop] = self.dummy_block_id
+        self._upload(slot, start, stop)
+        return to_tensor(block_ids)
+
+    def set_block(self, slot: int, index: int, block_id: int) -> int:
+        """Replace column ``index`` of ``slot`` with ``block_id``; return the old ID.
+
+        A copy-on-write gives the writer a fresh block in place of a shared one.
+
+        Raises:
+            InvalidArgumentError: ``slot`` holds no request, ``index`` is not
+                a held column, or ``block_id`` is not a usable block.
+
+        Complexity: O(1).
+        """
+        slot = self._check_slot(slot)
+        index = require_int(index, "index", minimum=0, maximum=int(self._lengths[slot]) - 1)
+        block_id = require_int(block_id, "block_id", minimum=0, maximum=self.dummy_block_id - 1)
+        old = int(self._rows[slot, index])
+        self._rows[slot, index] = block_id
+        self._upload(slot, index, index + 1)
+        return old

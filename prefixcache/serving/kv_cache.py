@@ -296,3 +296,26 @@ class KVCache:
             )
         if values.device != self.device:
             raise InvalidTensorError(f"{what} is on {values.device}; the cache is on {self.device}")
+
+    # ------------------------------------------------------------------ copies
+
+    def copy_tokens(self, src: int, dst: int, num_tokens: int) -> None:
+        """Copy the first ``num_tokens`` token slots of block ``src`` into ``dst``, every layer.
+
+        Runs a copy-on-write instruction
+        (:class:`~prefixcache.serving.cow.CopyInstruction`): the writer's fresh
+        block gets the shared tokens before its own are written. Stays on the
+        device (no host wait).
+
+        Raises:
+            InvalidArgumentError: a block outside ``[0, num_blocks)`` or a
+                count outside ``[0, block_size]``.
+
+        Complexity: O(layers * num_tokens * row width).
+        """
+        src = require_int(src, "src", minimum=0, maximum=self.num_blocks - 1)
+        dst = require_int(dst, "dst", minimum=0, maximum=self.num_blocks - 1)
+        num_tokens = require_int(num_tokens, "num_tokens", minimum=0, maximum=self.block_size)
+        for k_cache, v_cache in zip(self.k_caches, self.v_caches, strict=True):
+            k_cache[dst, :num_tokens] = k_cache[src, :num_tokens]
+            v_cache[dst, :num_tokens] = v_cache[src, :num_tokens]

@@ -202,3 +202,37 @@ def test_random_actions_match_a_dict_model() -> None:
             expected[slot, : len(ids)] = ids
         assert np.array_equal(table.device_table.numpy(), expected)
         assert table.num_requests == len(model)
+
+
+def test_add_request_at_pads_leading_columns_with_the_dummy() -> None:
+    table = make_table(max_requests=2, max_blocks=6)
+    slot = table.add_request_at(2, [4, 5])
+    assert table.blocks_of(slot).tolist() == [DUMMY, DUMMY, 4, 5]
+    assert table.num_blocks(slot) == 4
+    table.append_blocks(slot, [6])
+    assert table.device_table[slot].tolist() == [DUMMY, DUMMY, 4, 5, 6, DUMMY]
+    assert table.remove_request(slot).tolist() == [DUMMY, DUMMY, 4, 5, 6]
+    with pytest.raises(CapacityError):
+        table.add_request_at(5, [1, 2])
+    with pytest.raises(InvalidArgumentError):
+        table.add_request_at(-1, [1])
+    assert table.num_requests == 0  # the refusals took no slot
+
+
+def test_clear_blocks_and_set_block_rewrite_one_row() -> None:
+    table = make_table(max_requests=2, max_blocks=6)
+    other = table.add_request([9, 8])
+    slot = table.add_request([1, 2, 3, 4])
+    assert table.clear_blocks(slot, 0, 2).tolist() == [1, 2]
+    assert table.blocks_of(slot).tolist() == [DUMMY, DUMMY, 3, 4]
+    assert table.set_block(slot, 3, 7) == 4
+    assert table.device_table[slot].tolist() == [DUMMY, DUMMY, 3, 7, DUMMY, DUMMY]
+    assert table.blocks_of(other).tolist() == [9, 8]
+    for bad in (
+        lambda: table.clear_blocks(slot, 2, 5),  # past the row
+        lambda: table.set_block(slot, 4, 1),  # not a held column
+        lambda: table.set_block(slot, 0, DUMMY),  # the dummy is not a usable block
+    ):
+        with pytest.raises(InvalidArgumentError):
+            bad()
+    assert table.blocks_of(slot).tolist() == [DUMMY, DUMMY, 3, 7]

@@ -206,3 +206,25 @@ def test_budget_errors() -> None:
         blocks_for_memory_budget(2**20, **shape, dtype=torch.int8)
     with pytest.raises(ConfigError):
         blocks_for_memory_budget(2**20, **{**shape, "k_heads": 0})
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_copy_tokens_copies_the_leading_slots_in_every_layer(layout: str) -> None:
+    cache = make_cache(layout)
+    generator = torch.Generator().manual_seed(3)
+    for layer in range(cache.num_layers):
+        for block in (1, 2):
+            k = torch.randn((4, cache.k_heads, cache.k_head_dim), generator=generator)
+            v = torch.randn((4, cache.v_heads, cache.v_head_dim), generator=generator)
+            cache.write(layer, [block] * 4, [0, 1, 2, 3], k, v)
+    before = [tuple(t.clone() for t in cache.gather(layer, [1, 2])) for layer in range(2)]
+    cache.copy_tokens(1, 2, 3)
+    for layer in range(cache.num_layers):
+        for old, new in zip(before[layer], cache.gather(layer, [1, 2]), strict=True):
+            assert torch.equal(new[:4], old[:4])  # the source is unchanged
+            assert torch.equal(new[4:7], old[:3])  # three slots copied
+            assert torch.equal(new[7], old[7])  # the fourth kept
+    with pytest.raises(InvalidArgumentError):
+        cache.copy_tokens(1, 6, 1)
+    with pytest.raises(InvalidArgumentError):
+        cache.copy_tokens(1, 2, 5)
