@@ -346,7 +346,7 @@ class AutoPolicy(EvictionPolicy):
         """Remove the open duel ``duel_id``; return its link (value at ``[2]``)."""
         link = self._duels.unlink(duel_id)
         assert link is not None
-        for side in (link[2][0], link[2][2]):
+        for side in {link[2][0], link[2][2]}:
             ids = self._by_hash[side]
             ids.discard(duel_id)
             if not ids:
@@ -356,7 +356,7 @@ class AutoPolicy(EvictionPolicy):
     def _reopen(self, duel_id: int, link: list[Any]) -> None:
         """Put back a duel :meth:`_close` removed, in its place."""
         self._duels.relink(duel_id, link)
-        for side in (link[2][0], link[2][2]):
+        for side in {link[2][0], link[2][2]}:
             self._by_hash.setdefault(side, set()).add(duel_id)
 
     def _reopen_all(self, closed: list[tuple[int, list[Any]]]) -> None:
@@ -439,7 +439,8 @@ class AutoPolicy(EvictionPolicy):
         victim_hash = self._stays[victim][0]
         victim_namers = sum(1 << e for e, block in enumerate(candidates) if block == victim)
         for block_id in dict.fromkeys(candidates):
-            if block_id != victim:
+            # Two blocks under one hash are one prefix: a duel between them decides nothing.
+            if block_id != victim and self._stays[block_id][0] != victim_hash:
                 namers = sum(1 << e for e, block in enumerate(candidates) if block == block_id)
                 self._open((victim_hash, victim_namers, self._stays[block_id][0], namers), undo)
 
