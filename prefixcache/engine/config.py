@@ -72,6 +72,9 @@ def _check_hash_algo(algo: object) -> None:
 
 ENGINE_NAMES = ("auto", "python", "native")
 
+FREE_LIST_MODES = ("stack", "lowest")
+"""``AllocatorConfig.free_list``: the LIFO stack (default) or lowest IDs first."""
+
 
 @dataclass(frozen=True)
 class AllocatorConfig:
@@ -123,6 +126,15 @@ class AllocatorConfig:
             dropped at once and the policy tracks nothing. None (default)
             resolves to False for the ``ref_zero`` policy and True otherwise;
             after construction it is always a bool.
+        free_list: ``"stack"`` (default) hands out the most recently freed
+            blocks first, O(1) per block; ``"lowest"`` hands out the lowest
+            free IDs first and keeps the live blocks packed, O(log n) per
+            block (:mod:`prefixcache.engine.free_list`; DESIGN.md, "Locality").
+        page_size_blocks: blocks per page of the KV storage's mapping (>= 1).
+            Above 1 (only with ``free_list="lowest"``) requests of at least
+            a page start at a page boundary when a whole page is free, and
+            small requests fill partly used pages first. The native engine
+            runs ``page_size_blocks=1`` only.
 
     Raises:
         ConfigError: a count of the wrong type or out of range, a non-bool
@@ -147,6 +159,8 @@ class AllocatorConfig:
     verify_prefix_hits: bool = False
     engine: str = "auto"
     cache_unreferenced: bool | None = None
+    free_list: str = "stack"
+    page_size_blocks: int = 1
 
     def __post_init__(self) -> None:
         _require_int("total_count", self.total_count, 2)
@@ -167,6 +181,13 @@ class AllocatorConfig:
             )
         if self.engine not in ENGINE_NAMES:
             raise ConfigError(f"engine must be one of {ENGINE_NAMES}, got {self.engine!r}")
+        if self.free_list not in FREE_LIST_MODES:
+            raise ConfigError(f"free_list must be one of {FREE_LIST_MODES}, got {self.free_list!r}")
+        _require_int("page_size_blocks", self.page_size_blocks, 1)
+        if self.page_size_blocks > 1 and self.free_list != "lowest":
+            raise ConfigError(
+                "page_size_blocks > 1 (page-aligned allocation) needs free_list='lowest'"
+            )
         self._resolve_cache_mode()
         if (self.routing_num_layers is None) != (self.routing_top_k is None):
             raise ConfigError("routing_num_layers and routing_top_k must be set together")

@@ -82,6 +82,10 @@ def native_unsupported_reason(config: AllocatorConfig, policy: EvictionPolicy) -
         return "it has no device mirror of the free stack yet: use device='cpu'"
     if config.total_count > 2**31 - 1:
         return "block IDs must fit in int32"
+    if config.free_list != "stack":
+        return "it has only the stack free list: use free_list='stack'"
+    if config.page_size_blocks > 1:
+        return "its lowest-first free list has no pages: page_size_blocks must be 1"
     return None
 
 
@@ -130,4 +134,6 @@ def build_engine(
         config.device,
         track_changes=track_changes,
         cache_unreferenced=config.cache_unreferenced,
+        free_list=config.free_list,
+        page_size=config.page_size_blocks,
     )
