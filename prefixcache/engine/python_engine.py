@@ -6,6 +6,7 @@ import numpy as np
 
 from prefixcache.engine.core import EngineCounters
 from prefixcache.engine.eviction import EvictionPlanner
+from prefixcache.engine.free_list import SortedFreeList
 from prefixcache.engine.invariants import find_invariant_problems
 from prefixcache.engine.journal import PolicyJournal
 from prefixcache.engine.partitions import PartitionLedger
@@ -44,6 +45,8 @@ class PythonEngine:
             :meth:`take_changes` (events or routing are on).
         cache_unreferenced: the config's mode (False: ref-zero); None: the
             policy's deprecated ``retains_unreferenced``.
+        free_list: ``"stack"`` (:class:`BlockPool`) or ``"lowest"``
+            (:class:`SortedFreeList`, pages of ``page_size`` blocks).
     """
 
     name = "python"
@@ -57,12 +60,18 @@ class PythonEngine:
         *,
         track_changes: bool = False,
         cache_unreferenced: bool | None = None,
+        free_list: str = "stack",
+        page_size: int = 1,
     ) -> None:
         self.policy = policy
         if cache_unreferenced is None:
             cache_unreferenced = bool(getattr(policy, "retains_unreferenced", True))
         self.retains_unreferenced = cache_unreferenced
-        self.pool = BlockPool(total_count, device)
+        self.pool: BlockPool | SortedFreeList = (
+            SortedFreeList(total_count, device, page_size=page_size)
+            if free_list == "lowest"
+            else BlockPool(total_count, device)
+        )
         self.num_usable = total_count - 1
         self.registry = HashRegistry(total_count)
         self.refs = ReferenceTable(total_count)
@@ -442,9 +451,16 @@ class PythonEngine:
         journal = self._journal()
         try:
             freed, dropped = self.planner.plan(shortfall, journal)
-            block_ids = np.concatenate(
-                (np.asarray(freed[::-1], dtype=np.int32), self.pool.acquire(num_blocks - shortfall))
-            )
+            if isinstance(self.pool, SortedFreeList):  # through the list: it picks the order
+                self.pool.release(np.asarray(freed, dtype=np.int32))
+                block_ids = self.pool.acquire(num_blocks)
+            else:
+                block_ids = np.concatenate(
+                    (
+                        np.asarray(freed[::-1], dtype=np.int32),
+                        self.pool.acquire(num_blocks - shortfall),
+                    )
+                )
         except BaseException:
             journal.rollback()
             raise
