@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, target
+from hypothesis import HealthCheck, event, given, settings, target
 from hypothesis import strategies as st
 
 pytest.importorskip(
@@ -105,8 +105,11 @@ def cpu_megatron() -> Iterator[None]:
                 torch.distributed.destroy_process_group()
 
 
-def build_context(policy: PrefixCachingEvictionPolicy, num_blocks: int) -> DynamicInferenceContext:
-    """A tiny model's context with ``num_blocks`` KV blocks (the dummy included)."""
+def build_context(
+    policy: PrefixCachingEvictionPolicy, num_blocks: int, paused_blocks: int = 0
+) -> DynamicInferenceContext:
+    """A tiny model's context: ``num_blocks`` KV blocks (the dummy included), of which
+    ``paused_blocks`` are Megatron's paused buffer (paused requests beyond it are evicted)."""
     model = TransformerConfig(
         num_layers=2, hidden_size=32, num_attention_heads=4, params_dtype=torch.float32
     )
@@ -114,6 +117,7 @@ def build_context(policy: PrefixCachingEvictionPolicy, num_blocks: int) -> Dynam
     config = InferenceConfig(
         block_size_tokens=BLOCK_SIZE,
         buffer_size_gb=num_blocks * block_bytes / 1024**3,
+        paused_buffer_size_gb=paused_blocks * block_bytes / 1024**3,
         max_requests=8,
         max_tokens=256,
         max_sequence_length=64,
@@ -133,8 +137,13 @@ def request(request_id: int, prompt: list[int], num_generate: int) -> DynamicInf
     )
 
 
-def step(context: DynamicInferenceContext, arrivals: list[tuple[int, list[int], int]]) -> list:
-    """Admit what fits (clock ticked per request), then run one update; what was admitted."""
+def step(context: DynamicInferenceContext, arrivals: list[tuple[int, list[int], int]]) -> tuple:
+    """Admit what fits (clock ticked per request), then run one update.
+
+    Returns:
+        What ``check_availability`` said per arrival, and the request IDs
+        the update newly paused and evicted (Megatron's return value).
+    """
     admitted = []
     for request_id, prompt, num_generate in arrivals:
         context.prefix_cache_lru_clock += 1  # no two admissions share an LRU timestamp
@@ -150,11 +159,18 @@ def step(context: DynamicInferenceContext, arrivals: list[tuple[int, list[int], 
         still_running = (done[start:end] < context.request_output_lengths[start:end]).to(
             torch.uint8
         )
-        context.update_requests(still_running, torch.ones(end - start, dtype=torch.int64))
-    return admitted
+        update = context.update_requests(still_running, torch.ones(end - start, dtype=torch.int64))
+        if update is not None:  # None: nothing left running, the context reset itself
+            keys = ("newly_paused_request_ids", "evict_request_ids")
+            return admitted, ids_of(update[keys[0]]), ids_of(update[keys[1]])
+    return admitted, [], []
 
 
-def outcome(context: DynamicInferenceContext, arrivals: list) -> tuple[list | None, str]:
+def ids_of(request_ids: torch.Tensor | None) -> list[int]:
+    return [] if request_ids is None else sorted(request_ids.tolist())
+
+
+def outcome(context: DynamicInferenceContext, arrivals: list) -> tuple[tuple | None, str]:
     """:func:`step`'s result, or the message of the assertion Megatron's context stopped at.
 
     Megatron asserts when every running request had to pause for a block
@@ -208,6 +224,47 @@ def observe(context: DynamicInferenceContext) -> dict[str, Any]:
     }
 
 
+def run_both(
+    policy: PrefixCachingEvictionPolicy, program: list, num_blocks: int, paused_blocks: int = 0
+) -> dict:
+    """Run ``program`` on Megatron's allocator and on the drop-in, comparing every step.
+
+    Returns:
+        What the program exercised in Megatron's context: steps with a
+        paused request, requests resumed, evicted (past the paused buffer)
+        and finished, the most prefix blocks matched, and the drop-in.
+    """
+    theirs = build_context(policy, num_blocks, paused_blocks)
+    ours = build_context(policy, num_blocks, paused_blocks)
+    dropin = megatron.attach(ours)
+    assert type(theirs.kv_block_allocator) is KVBlockAllocator
+    seen = {"paused_steps": 0, "resumed": 0, "evicted": 0, "finished": 0}
+    seen |= {"matched": 0, "dropin": dropin}
+    paused_before: set[int] = set()
+    request_id = admitted = 0
+    for arrivals in program:
+        numbered = []
+        for prompt, num_generate in arrivals:
+            numbered.append((request_id, prompt, num_generate))
+            request_id += 1
+        result = outcome(theirs, numbered)
+        assert outcome(ours, numbered) == result
+        if result[1]:
+            break
+        admitted += sum(all(fits) for fits in result[0][0])
+        seen["evicted"] += len(result[0][2])
+        assert observe(theirs) == observe(ours)
+        dropin.check_consistency()
+        paused = theirs.paused_request_count
+        running = set(theirs.request_ids[paused : theirs.total_request_count].tolist())
+        seen["paused_steps"] += paused > 0
+        seen["matched"] = max(seen["matched"], theirs.prefix_cache_blocks_matched)
+        seen["resumed"] += len(paused_before & running)
+        paused_before = set(theirs.request_ids[:paused].tolist())
+    seen["finished"] = admitted - seen["evicted"] - theirs.total_request_count
+    return seen
+
+
 DOCUMENTS = [[(7 * d + 3 * i) % 11 + 1 for i in range(20)] for d in range(4)]
 """Prompts are prefixes of these, so requests share chains and hits refresh old ones."""
 
@@ -218,7 +275,7 @@ prompts = st.builds(
     st.lists(st.integers(20, 22), max_size=3),
 )
 programs = st.lists(
-    st.lists(st.tuples(prompts, st.integers(1, 3)), max_size=3), min_size=1, max_size=20
+    st.lists(st.tuples(prompts, st.integers(1, 10)), max_size=3), min_size=1, max_size=20
 )
 
 
@@ -228,27 +285,43 @@ programs = st.lists(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(program=programs, num_blocks=st.integers(8, 20))
+@given(program=programs, num_blocks=st.integers(8, 20), paused_blocks=st.integers(0, 4))
 def test_the_drop_in_behaves_as_megatrons_allocator(
-    cpu_megatron: None, policy: PrefixCachingEvictionPolicy, program: list, num_blocks: int
+    cpu_megatron: None,
+    policy: PrefixCachingEvictionPolicy,
+    program: list,
+    num_blocks: int,
+    paused_blocks: int,
 ) -> None:
-    theirs = build_context(policy, num_blocks)
-    ours = build_context(policy, num_blocks)
-    dropin = megatron.attach(ours)
-    assert type(theirs.kv_block_allocator) is KVBlockAllocator
-    request_id = 0
-    for arrivals in program:
-        numbered = []
-        for prompt, num_generate in arrivals:
-            numbered.append((request_id, prompt, num_generate))
-            request_id += 1
-        result = outcome(theirs, numbered)
-        assert outcome(ours, numbered) == result
-        if result[1]:
-            break
-        assert observe(theirs) == observe(ours)
-        dropin.check_consistency()
-    target(dropin.stats().num_evicted_blocks)  # steer towards programs that evict
+    seen = run_both(policy, program, num_blocks, paused_blocks)
+    for name in ("paused_steps", "resumed", "evicted", "finished"):
+        if seen[name]:
+            event(name)
+    target(seen["dropin"].stats().num_evicted_blocks, label="evicted blocks")
+    target(seen["resumed"], label="resumed requests")  # steer towards pause and resume
+
+
+PAUSING = [
+    [(DOCUMENTS[0][:8], 10), ([*DOCUMENTS[0][:8], 20], 10), (DOCUMENTS[1][:8], 10)],
+    [],
+    [(DOCUMENTS[0][:12], 3)],
+    *[[] for _ in range(12)],
+    [(DOCUMENTS[0][:8], 2)],
+]
+"""Requests that outgrow a small pool: some pause, resume, are evicted past the paused
+buffer or finish, and later ones hit the cache."""
+
+
+@pytest.mark.parametrize("policy", list(PrefixCachingEvictionPolicy))
+def test_requests_pause_resume_are_evicted_and_finish_alike(
+    cpu_megatron: None, policy: PrefixCachingEvictionPolicy
+) -> None:
+    seen = run_both(policy, PAUSING, num_blocks=14, paused_blocks=4)
+    assert seen["paused_steps"] > 0
+    assert seen["resumed"] > 0
+    assert seen["evicted"] > 0
+    assert seen["finished"] > 0
+    assert seen["matched"] > 0
 
 
 def test_install_makes_new_contexts_build_the_drop_in(cpu_megatron: None) -> None:
