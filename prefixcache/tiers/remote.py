@@ -222,20 +222,31 @@ class RemoteTier:
 def connect(url: str, *, namespace: str, timeout_s: float = 0.05, **kwargs: Any) -> RemoteTier:
     """A :class:`RemoteTier` on the Redis server at ``url`` (``redis://host:port/db``).
 
-    ``timeout_s`` bounds every socket operation, so a slow server costs a
-    miss, not a stall. Other keywords go to :class:`RemoteTier`.
+    ``timeout_s`` bounds every socket operation and the client never retries,
+    so a slow or dead server costs one miss of at most ``timeout_s``, not a
+    stall. Other keywords go to :class:`RemoteTier`.
 
     Raises:
-        ConfigError: the ``redis`` package is not installed (``pip install redis``).
+        ConfigError: the ``redis`` package is not installed (``pip install
+            prefixcache[remote]``), or a bad ``timeout_s``.
     """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+        raise ConfigError(f"timeout_s must be a number > 0, got {timeout_s!r}")
     try:
         import redis  # type: ignore[import-not-found,unused-ignore]
+        from redis.backoff import NoBackoff  # type: ignore[import-not-found,unused-ignore]
+        from redis.retry import Retry  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
-        raise ConfigError("the remote tier needs the redis client: pip install redis") from exc
-    client = redis.Redis.from_url(  # pragma: no cover - needs the redis client
-        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        raise ConfigError(
+            "the remote tier needs the redis client: pip install prefixcache[remote]"
+        ) from exc
+    client: Any = redis.Redis.from_url(  # its typed mget is wider than RemoteClient's
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
     )
-    return RemoteTier(client, namespace=namespace, **kwargs)  # pragma: no cover
+    return RemoteTier(client, namespace=namespace, **kwargs)
 
 
 __all__ = ["RemoteClient", "RemoteTier", "RemoteTierStats", "connect"]

@@ -1,8 +1,18 @@
-"""A tiny serving loop over a real KVCache for the tier tests: K/V is a function of the hash."""
+"""Tier test fixtures: a tiny serving loop over a real KVCache, and a throwaway redis-server.
+
+The loop's K/V is a function of each block's hash, so any process can check
+bytes another computed. The server listens on a free loopback port with no
+persistence, in a temporary folder, and is stopped after its test.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Hashable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,3 +105,80 @@ class Loop:
 def make_loop() -> type[Loop]:
     """The :class:`Loop` class, to build loops of any size."""
     return Loop
+
+
+class RedisServer:
+    """One ``redis-server`` on 127.0.0.1 for one test: no persistence, DEBUG from loopback."""
+
+    def __init__(self, binary: str, folder: Path) -> None:
+        self.binary, self.folder = binary, folder
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        command = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        command += ["--appendonly", "no", "--dir", str(folder), "--enable-debug-command", "local"]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=folder
+        )
+
+    def wait_ready(self, client_module: object, timeout_s: float = 10.0) -> None:
+        """Ping until the server answers; fail with its stderr if it exits or never does."""
+        client = client_module.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.poll() is not None:
+                error = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise RuntimeError(f"redis-server exited with {self.process.returncode}: {error}")
+            try:
+                if client.ping():
+                    client.close()
+                    return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.02)
+
+    def client(self, **kwargs: object) -> object:
+        """A plain ``redis.Redis`` on this server (for DEBUG SLEEP and inspection)."""
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+
+    def kill(self) -> None:
+        """Stop the server at once (SIGKILL), as a crash would. Idempotent."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A running redis-server on a free loopback port; skips without the binary or client.
+
+    The integration stage (PREFIXCACHE_INTEGRATION=1) turns those skips into
+    failures, so there the real-server tests always run.
+    """
+    client_module = pytest.importorskip("redis", reason="the redis client is not installed")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    for attempt in range(3):  # another process may take the free port before the server does
+        server = RedisServer(binary, tmp_path)
+        try:
+            server.wait_ready(client_module)
+            break
+        except RuntimeError:
+            server.kill()
+            if attempt == 2:
+                raise
+    try:
+        yield server
+    finally:
+        server.kill()
