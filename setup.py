@@ -17,7 +17,15 @@ from setuptools import Extension, setup
 
 NATIVE = "prefixcache/engine/native"
 SOURCES = ["engine.cpp", "engine_registry.cpp", "module.cpp", "module_engine.cpp"]
-HEADERS = ["binding.h", "block_hashing.h", "engine.h", "hash_index.h", "leaf_heap.h", "xxh3.h"]
+HEADERS = [
+    "binding.h",
+    "block_hashing.h",
+    "engine.h",
+    "free_set.h",
+    "hash_index.h",
+    "leaf_heap.h",
+    "xxh3.h",
+]
 
 
 def native_extensions() -> list[Extension]:

@@ -88,6 +88,7 @@ class NativeEngine:
         block_size: tokens per block, for the fused path's hashing.
         root_hash: root of the fused path's hash chains (``hashing.root_hash``
             of the allocator's salt); None for the default root.
+        lowest_first: hand out the lowest free IDs first (``free_list="lowest"``).
     """
 
     name = "native"
@@ -101,10 +102,17 @@ class NativeEngine:
         track_changes: bool = False,
         block_size: int = 16,
         root_hash: int | None = None,
+        lowest_first: bool = False,
     ) -> None:
         module = native_module()
         self.core = module.Engine(
-            total_count, paused_count, policy_name, track_changes, block_size, root_hash
+            total_count,
+            paused_count,
+            policy_name,
+            track_changes,
+            block_size,
+            root_hash,
+            lowest_first,
         )
         self.policy_name = policy_name
         self.num_usable = total_count - 1
@@ -221,7 +229,10 @@ class NativeEngine:
         return problems
 
     def free_ids(self) -> np.ndarray:
-        """The free stack, bottom first (as ``BlockPool.free_ids``). Complexity: O(num_free)."""
+        """The free stack, bottom first (as ``BlockPool.free_ids``); lowest-first mode: descending.
+
+        Complexity: O(num_free).
+        """
         return np.frombuffer(self.core.free_ids(), dtype=np.int32)
 
     def memory_bytes(self) -> int:

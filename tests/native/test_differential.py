@@ -9,7 +9,8 @@ request path) and compares every observable after each step: the IDs
 returned, the exception types, the free stack in order, reference counts,
 registry lookups and chains, KV events and stats. One machine per native
 policy, with KV events on (the engines' change logs) and off (the fused
-request path).
+request path), each with the stack free list and the lowest-first one
+(``free_list="lowest"``: the same hand-out order in both engines).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class DifferentialMachine(RuleBasedStateMachine):
 
     policy = "lru"
     events = True
+    free_list = "stack"
 
     @initialize()
     def build(self) -> None:
@@ -97,6 +99,7 @@ class DifferentialMachine(RuleBasedStateMachine):
             "eviction_policy": self.policy,
             "device": "cpu",
             "kv_events_capacity": 10_000 if self.events else 0,
+            "free_list": self.free_list,
         }
         self.python = KVBlockAllocator(engine="python", **config)
         self.native = KVBlockAllocator(engine="native", **config)
@@ -334,18 +337,19 @@ class DifferentialMachine(RuleBasedStateMachine):
                 pool.remove(block_id)
 
 
-def _machine(policy: str, events: bool) -> type[DifferentialMachine]:
+def _machine(policy: str, events: bool, free_list: str) -> type[DifferentialMachine]:
     return type(
-        f"Differential_{policy}_{'events' if events else 'fused'}",
+        f"Differential_{policy}_{'events' if events else 'fused'}_{free_list}",
         (DifferentialMachine,),
-        {"policy": policy, "events": events},
+        {"policy": policy, "events": events, "free_list": free_list},
     )
 
 
+@pytest.mark.parametrize("free_list", ["stack", "lowest"])
 @pytest.mark.parametrize("events", [True, False], ids=["events", "fused"])
 @pytest.mark.parametrize("policy", ["lru", "fifo", "ref_zero"])
-def test_native_engine_matches_the_python_engine(policy: str, events: bool) -> None:
-    machine = _machine(policy, events)
+def test_native_engine_matches_the_python_engine(policy: str, events: bool, free_list: str) -> None:
+    machine = _machine(policy, events, free_list)
     machine.TestCase.settings = PROFILE
     machine.TestCase().runTest()
 

@@ -19,13 +19,16 @@ namespace {
 
 }  // namespace
 
-Engine::Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, bool track_changes)
+Engine::Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, bool track_changes,
+               bool lowest_first)
     : total_count_(total_count),
       num_usable_(total_count - 1),
       paused_count_(paused_count),
       policy_(policy),
       track_changes_(track_changes),
-      stack_(static_cast<size_t>(total_count - 1)),
+      lowest_first_(lowest_first),
+      stack_(lowest_first ? 0 : static_cast<size_t>(total_count - 1)),
+      free_set_(lowest_first ? static_cast<size_t>(total_count - 1) : 0),
       active_(total_count, 0),
       paused_(total_count, 0),
       pending_(total_count, 0),
@@ -87,7 +90,12 @@ const char* Engine::describe_state(int32_t block_id) const noexcept {
 }
 
 void Engine::push_free(int32_t block_id) noexcept {
-  stack_[num_free_++] = block_id;
+  if (lowest_first_) {
+    free_set_.insert(block_id);
+    ++num_free_;
+  } else {
+    stack_[num_free_++] = block_id;
+  }
   if (track_changes_) changed_free_.push_back(block_id);
 }
 
@@ -103,9 +111,19 @@ bool Engine::allocate(int64_t num_blocks, int32_t* out) {
     std::vector<int32_t>& freed = scratch_;
     freed.clear();
     plan_eviction(shortfall, freed);
-    for (size_t i = freed.size(); i-- > 0;) out[filled++] = freed[i];
+    if (lowest_first_) {  // through the free set: it picks the order (the Python engine's)
+      for (const int32_t block_id : freed) free_set_.insert(block_id);
+      num_free_ += static_cast<int64_t>(freed.size());
+    } else {
+      for (size_t i = freed.size(); i-- > 0;) out[filled++] = freed[i];
+    }
   }
-  while (filled < num_blocks) out[filled++] = stack_[--num_free_];
+  if (lowest_first_) {
+    num_free_ -= num_blocks - filled;
+    while (filled < num_blocks) out[filled++] = free_set_.pop_lowest();
+  } else {
+    while (filled < num_blocks) out[filled++] = stack_[--num_free_];
+  }
   ++counters_.clock;
   for (int64_t i = 0; i < num_blocks; ++i) active_[out[i]] = 1;
   num_active_ += num_blocks;

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "free_set.h"
 #include "hash_index.h"
 #include "leaf_heap.h"
 
@@ -62,7 +63,10 @@ struct Counters {
 
 class Engine {
  public:
-  Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, bool track_changes);
+  // lowest_first: the free list hands out the lowest free IDs first (a FreeSet)
+  // instead of popping the stack (AllocatorConfig.free_list="lowest").
+  Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, bool track_changes,
+         bool lowest_first = false);
 
   // ---- configuration and O(1) counters
   int32_t num_usable() const noexcept { return num_usable_; }
@@ -119,8 +123,9 @@ class Engine {
   std::vector<int64_t>& removed_hashes() noexcept { return removed_hashes_; }
   void reset();
   std::vector<std::string> find_problems() const;
-  /// Free IDs, bottom of the stack first.
-  const int32_t* free_stack() const noexcept { return stack_.data(); }
+  bool lowest_first() const noexcept { return lowest_first_; }
+  /// Free IDs, bottom of the stack first (descending in lowest-first mode), into ``out``.
+  void free_ids(std::vector<int32_t>& out) const;
   size_t memory_bytes() const noexcept;
 
  private:
@@ -154,9 +159,11 @@ class Engine {
   const int32_t paused_count_;
   const PolicyKind policy_;
   const bool track_changes_;
+  const bool lowest_first_;
 
   std::vector<int32_t> stack_;  // free IDs; the top is at num_free_ - 1
   int64_t num_free_ = 0;
+  FreeSet free_set_;  // the free IDs in lowest-first mode (stack_ unused then)
   std::vector<int32_t> active_;   // references of running requests
   std::vector<int32_t> paused_;   // references of paused requests
   std::vector<int32_t> pending_;  // active releases queued by open free groups

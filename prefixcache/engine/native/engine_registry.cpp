@@ -212,7 +212,12 @@ void Engine::reset_counters() noexcept {
 
 void Engine::reset() {
   heap_.clear();
-  for (int32_t i = 0; i < num_usable_; ++i) stack_[i] = num_usable_ - 1 - i;  // ID 0 on top
+  if (lowest_first_) {
+    free_set_.clear();
+    for (int32_t i = 0; i < num_usable_; ++i) free_set_.insert(i);
+  } else {
+    for (int32_t i = 0; i < num_usable_; ++i) stack_[i] = num_usable_ - 1 - i;  // ID 0 on top
+  }
   num_free_ = num_usable_;
   index_.clear();
   std::fill(hash_of_.begin(), hash_of_.end(), 0);
@@ -242,8 +247,13 @@ std::vector<std::string> Engine::find_problems() const {
     problems.push_back("dummy block " + std::to_string(dummy) + " is referenced or registered");
   }
   std::vector<uint8_t> on_stack(num_usable_, 0);
-  for (int64_t i = 0; i < num_free_; ++i) {
-    const int32_t block_id = stack_[i];
+  std::vector<int32_t> free;
+  free_ids(free);
+  if (static_cast<int64_t>(free.size()) != num_free_) {
+    problems.push_back("the free list holds " + std::to_string(free.size()) + " IDs, num_free " +
+                       std::to_string(num_free_));
+  }
+  for (const int32_t block_id : free) {
     if (block_id < 0 || block_id >= num_usable_) {
       problems.push_back("the free stack holds " + std::to_string(block_id));
       continue;
@@ -369,13 +379,21 @@ std::vector<std::string> Engine::find_problems() const {
   return problems;
 }
 
+void Engine::free_ids(std::vector<int32_t>& out) const {
+  if (lowest_first_) {
+    free_set_.descending(out);
+  } else {
+    out.assign(stack_.begin(), stack_.begin() + static_cast<std::ptrdiff_t>(num_free_));
+  }
+}
+
 size_t Engine::memory_bytes() const noexcept {
   const size_t per_block =
       sizeof(int32_t) * 12 + sizeof(int64_t) * 3 + sizeof(uint32_t);  // flat arrays below
   // stack, active, paused, pending, parent, 3 links, children, depth, accesses, slot (int32);
   // hash_of, registration, last_access (int64); stamp (uint32)
   return per_block * static_cast<size_t>(total_count_) + index_.memory_bytes() +
-         heap_.memory_bytes();
+         heap_.memory_bytes() + free_set_.memory_bytes();
 }
 
 }  // namespace prefixcache

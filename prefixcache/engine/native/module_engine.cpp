@@ -61,14 +61,15 @@ void engine_dealloc(PyObject* py_self) {
 
 int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
   static const char* keywords[] = {"total_count", "paused_count", "policy", "track_changes",
-                                   "block_size", "root_hash", nullptr};
+                                   "block_size", "root_hash", "lowest_first", nullptr};
   long long total_count = 0, paused_count = 0, block_size = 16;
   const char* policy = nullptr;
   int track_changes = 0;
   PyObject* root = nullptr;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLsp|LO", const_cast<char**>(keywords),
+  int lowest_first = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLsp|LOp", const_cast<char**>(keywords),
                                    &total_count, &paused_count, &policy, &track_changes,
-                                   &block_size, &root)) {
+                                   &block_size, &root, &lowest_first)) {
     return -1;
   }
   if (total_count < 2 || total_count > INT32_MAX || paused_count < 0 ||
@@ -102,7 +103,8 @@ int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
   EngineObject* self = self_of(py_self);
   try {
     Engine* engine = new Engine(static_cast<int32_t>(total_count),
-                                static_cast<int32_t>(paused_count), kind, track_changes != 0);
+                                static_cast<int32_t>(paused_count), kind, track_changes != 0,
+                                lowest_first != 0);
     delete self->engine;
     self->engine = engine;
     if (!self->ids) self->ids = new std::vector<int32_t>();
@@ -636,8 +638,9 @@ PyObject* engine_find_problems(PyObject* py_self, PyObject*) {
 PyObject* engine_free_ids(PyObject* py_self, PyObject*) {
   EngineObject* self = self_of(py_self);
   if (!ready(self)) return nullptr;
-  return native_block_ids(self->engine->free_stack(),
-                          static_cast<size_t>(self->engine->num_free()));
+  std::vector<int32_t> free;
+  self->engine->free_ids(free);
+  return native_block_ids(free.data(), free.size());
 }
 
 PyObject* engine_counters(PyObject* py_self, PyObject*) {
@@ -739,7 +742,8 @@ PyMethodDef g_methods[] = {
      "take_changes() -> (freed BlockIds, removed hashes)"},
     {"reset", engine_reset, METH_NOARGS, "reset()"},
     {"find_problems", engine_find_problems, METH_NOARGS, "find_problems() -> [str]"},
-    {"free_ids", engine_free_ids, METH_NOARGS, "free_ids() -> BlockIds, bottom first"},
+    {"free_ids", engine_free_ids, METH_NOARGS,
+     "free_ids() -> BlockIds, bottom of the stack first (lowest-first mode: descending)"},
     {"counters", engine_counters, METH_NOARGS,
      "counters() -> (allocated, released, queried, hits, evicted, dropped, clock)"},
     {"memory_bytes", engine_memory_bytes, METH_NOARGS, "memory_bytes() -> host bytes held"},
@@ -755,7 +759,8 @@ bool add_engine_type(PyObject* module) {
   g_engine_type.tp_basicsize = sizeof(EngineObject);
   g_engine_type.tp_flags = Py_TPFLAGS_DEFAULT;
   g_engine_type.tp_doc =
-      "Engine(total_count, paused_count, policy, track_changes, block_size=16, root_hash=None)";
+      "Engine(total_count, paused_count, policy, track_changes, block_size=16, root_hash=None, "
+      "lowest_first=False)";
   g_engine_type.tp_new = PyType_GenericNew;
   g_engine_type.tp_init = engine_init;
   g_engine_type.tp_dealloc = engine_dealloc;
