@@ -12,7 +12,7 @@ and tools may import it. See DESIGN.md, "Tiers".
 """
 
 from prefixcache.tiers.epochs import WeightEpochs
-from prefixcache.tiers.host import MEDIUM_CPU, HostTier, HostTierStats
+from prefixcache.tiers.host import MEDIUM_CPU, UNUSABLE_POLICIES, HostTier, HostTierStats
 from prefixcache.tiers.range_keys import RangeKey, range_keyed_hashes
 from prefixcache.tiers.remote import RemoteTier, RemoteTierStats, connect
 from prefixcache.tiers.replay import TieredReplayResult, replay_tiered
@@ -34,6 +34,7 @@ __all__ = [
     "MEDIUM_CPU",
     "PROMOTE",
     "STORE",
+    "UNUSABLE_POLICIES",
     "Admission",
     "HostKVStore",
     "HostTier",

@@ -27,6 +27,9 @@ from prefixcache.policies import get as get_policy
 
 MEDIUM_CPU = "CPU"
 
+UNUSABLE_POLICIES = ("belady", "ref_zero")
+"""Policy names a host tier refuses: they cannot order host slots (belady needs the future)."""
+
 
 @dataclass(slots=True)
 class _Entry:
@@ -350,7 +353,7 @@ def _build_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
         return policy
     if not isinstance(policy, str):
         raise ConfigError(f"policy must be a policy name or object, got {type(policy).__name__}")
-    if policy in ("belady", "ref_zero"):
+    if policy in UNUSABLE_POLICIES:
         raise ConfigError(f"policy {policy!r} cannot order a host tier")
     try:
         return get_policy(policy)
@@ -358,4 +361,4 @@ def _build_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
         raise ConfigError(str(exc)) from exc
 
 
-__all__ = ["MEDIUM_CPU", "HostTier", "HostTierStats"]
+__all__ = ["MEDIUM_CPU", "UNUSABLE_POLICIES", "HostTier", "HostTierStats"]

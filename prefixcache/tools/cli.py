@@ -9,8 +9,11 @@ the package, so ``prefixcache compare`` alone is a complete demo::
 
     $ prefixcache compare
     $ prefixcache replay --trace trace.jsonl --policy lru --capacity 5000
+    $ prefixcache replay --capacity 1000 --host-capacity 4000   # device + host tier
 
-Both replay the no-concurrency model of :mod:`prefixcache.tools.replay`;
+Both replay the no-concurrency model of :mod:`prefixcache.tools.replay`
+(``replay --host-capacity`` puts a host tier behind the device pool, as
+:func:`prefixcache.tiers.replay_tiered` does, and reports hit rates per tier);
 ``compare --concurrency`` replays through the dynamic-batching loop of
 ``prefixcache.serving.sim`` instead.
 
@@ -27,6 +30,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -35,6 +39,7 @@ from prefixcache import policies
 from prefixcache.cluster import add_cluster_arguments, cluster_main
 from prefixcache.errors import InvalidArgumentError, PrefixCacheError
 from prefixcache.serving.trace import TraceRequest, load_mooncake_trace, sample_trace_path
+from prefixcache.tiers import UNUSABLE_POLICIES, TieredReplayResult, replay_tiered
 from prefixcache.tools.replay import (
     OPTIMUM_POLICY,
     ConcurrentReplayResult,
@@ -111,6 +116,18 @@ def _parser() -> argparse.ArgumentParser:
     one.add_argument(
         "--capacity", default=5000, type=_positive, help="cached blocks (default: 5000)"
     )
+    one.add_argument(
+        "--host-capacity",
+        default=0,
+        type=_non_negative,
+        help="host tier slots behind the device pool (default: 0, no host tier)",
+    )
+    one.add_argument(
+        "--host-policy",
+        default=None,
+        type=_policy_name,
+        help="the host tier's eviction policy (default: lru; needs --host-capacity)",
+    )
     one.set_defaults(handler=_run_replay)
 
     many = commands.add_parser(
@@ -164,6 +181,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return value
+
+
 def _positive_list(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(_positive(part) for part in text.split(",")))
 
@@ -178,6 +205,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     """
     if hasattr(args, "capacity"):
         _check_memory("--capacity", args.capacity)
+        _check_host_tier(args)
     else:
         _check_memory("--capacities", max(args.capacities))
     total = getattr(args, "total_capacity", None)
@@ -187,6 +215,20 @@ def _check_arguments(args: argparse.Namespace) -> None:
         _check_memory("--total-capacity", total)
     args.plot_target = _plot_target(args)
     args.trace_path, args.requests = _load(args)
+
+
+def _check_host_tier(args: argparse.Namespace) -> None:
+    """``replay``'s host tier options: a usable policy, and a policy only with a tier."""
+    if not args.host_capacity:
+        if args.host_policy is not None:
+            raise _BadArgument("--host-policy", "needs --host-capacity >= 1")
+        return
+    _check_memory("--host-capacity", args.capacity + args.host_capacity)
+    if args.host_policy is None:
+        args.host_policy = "lru"
+    for argument, name in (("--policy", args.policy), ("--host-policy", args.host_policy)):
+        if name in UNUSABLE_POLICIES:
+            raise _BadArgument(argument, f"policy {name!r} cannot run with a host tier")
 
 
 def _check_memory(argument: str, num_blocks: int) -> None:
@@ -276,6 +318,8 @@ def _load(args: argparse.Namespace) -> tuple[Path, list[TraceRequest]]:
 
 def _run_replay(args: argparse.Namespace) -> int:
     path, requests = args.trace_path, args.requests
+    if args.host_capacity:
+        return _run_tiered_replay(args)
     result = replay(requests, args.capacity, args.policy, progress=not args.no_progress)
     print(f"trace:         {path} ({result.num_requests} requests)")
     print(f"policy:        {result.policy}, capacity {result.capacity} blocks")
@@ -283,6 +327,34 @@ def _run_replay(args: argparse.Namespace) -> int:
     print(f"tokens saved:  {result.tokens_saved} of {result.prompt_tokens} prompt tokens")
     print(f"evictions:     {result.evictions}")
     print(f"speed:         {result.requests_per_second:,.0f} req/s ({result.seconds:.2f} s)")
+    return 0
+
+
+def _run_tiered_replay(args: argparse.Namespace) -> int:
+    """``replay --host-capacity``: hit rates per tier and the copy traffic."""
+    start = time.perf_counter()
+    result: TieredReplayResult = replay_tiered(
+        args.requests,
+        args.capacity,
+        args.host_capacity,
+        policy=args.policy,
+        host_policy=args.host_policy,
+    )
+    seconds = time.perf_counter() - start
+    blocks = result.prompt_blocks
+    print(f"trace:         {args.trace_path} ({result.num_requests} requests)")
+    print(f"policy:        {args.policy}, capacity {result.capacity} blocks")
+    print(f"host tier:     {args.host_policy}, {result.host_capacity} slots")
+    print(f"hit rate:      {result.hit_rate:.3f} (device + host, of {blocks} prompt blocks)")
+    print(f"device hits:   {result.device_hit_rate:.3f} ({result.device_hit_blocks}/{blocks})")
+    host_rate = result.host_hit_blocks / blocks if blocks else 0.0
+    print(f"host hits:     {host_rate:.3f} ({result.host_hit_blocks}/{blocks})")
+    print(
+        f"copies:        {result.demoted_blocks} demoted, {result.promoted_blocks} promoted "
+        f"({result.promoted_per_request:.2f} blocks promoted per request)"
+    )
+    speed = result.num_requests / seconds if seconds > 0 else 0.0
+    print(f"speed:         {speed:,.0f} req/s ({seconds:.2f} s)")
     return 0
 
 
