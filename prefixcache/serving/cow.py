@@ -123,8 +123,17 @@ class PartialBlockTable:
         self._holders[block_id] = {request}
         self._fill[block_id] = num_tokens
 
-    def share(self, request: Hashable, new_request: Hashable) -> int:
+    def share(
+        self, request: Hashable, new_request: Hashable, *, take_reference: bool = True
+    ) -> int:
         """Let ``new_request`` share ``request``'s tail block, taking a reference for it.
+
+        Args:
+            request: a tracked request.
+            new_request: a request key not tracked yet.
+            take_reference: False when the caller already took ``new_request``'s
+                reference on the block (a fork that acquired the whole row,
+                :meth:`~prefixcache.serving.layer_groups.LayerGroups.fork`).
 
         Returns:
             The shared block.
@@ -136,7 +145,8 @@ class PartialBlockTable:
         """
         block_id = self._tail(request)
         self._check_new(new_request)
-        self.allocator.acquire_blocks([block_id])
+        if take_reference:
+            self.allocator.acquire_blocks([block_id])
         self._tail_of[new_request] = block_id
         self._holders[block_id].add(new_request)
         return block_id

@@ -20,7 +20,9 @@ from prefixcache.engine.config import PolicySpec
 from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.serving.checkpoints import StateCheckpoints
+from prefixcache.serving.cow import CopyInstruction
 from prefixcache.serving.layer_groups import GroupHit, LayerGroups, LayerGroupSpec
+from prefixcache.serving.shared_tails import SharedTails
 from prefixcache.serving.state_pool import StatePool, StateShape
 
 
@@ -94,6 +96,8 @@ class HybridMemory:
         self.state_pool = state_pool
         self.checkpoints = checkpoints
         self.block_size = groups.block_size
+        self.tails = SharedTails(groups)
+        self.last_copies: list[CopyInstruction] = []  # the copies of the last reserve()
         self._requests: dict[int, HybridRequest] = {}
 
     # ------------------------------------------------------------------ matching
@@ -182,6 +186,45 @@ class HybridMemory:
         self._requests[slot] = request
         return request
 
+    def fork(self, request: HybridRequest) -> HybridRequest | None:
+        """A second request continuing from ``request``'s written tokens (parallel sampling).
+
+        It shares every block in every group, the partly filled last one
+        included (copied on the first write into it by either request,
+        :class:`~prefixcache.serving.shared_tails.SharedTails`), and gets a
+        state slot holding a copy of ``request``'s state.
+
+        Returns:
+            The fork, or None (nothing changes) when no table row or state
+            slot is free.
+
+        Raises:
+            InvalidArgumentError: an unknown request.
+
+        Complexity: O(blocks held) per group, plus one state copy.
+        """
+        self._check(request)
+        if not self.groups.tables[self.groups.specs[0].name].num_free_slots:
+            return None
+        if self.state_pool is not None and not self.state_pool.num_free:
+            return None
+        slot = self.groups.fork(request.slot)
+        self.tails.share(request.slot, slot)
+        state_slot = None
+        if self.state_pool is not None and request.state_slot is not None:
+            state_slot = self.state_pool.allocate()
+            self.state_pool.copy_states(request.state_slot, state_slot)
+        fork = HybridRequest(
+            slot=slot,
+            state_slot=state_slot,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_computed_tokens=request.num_computed_tokens,
+            num_hit_tokens=request.num_computed_tokens,
+            restored_from=None,
+        )
+        self._requests[slot] = fork
+        return fork
+
     def chunk_boundaries(self, request: HybridRequest) -> list[int]:
         """Token counts inside the prompt where the state should be checkpointed.
 
@@ -204,6 +247,9 @@ class HybridMemory:
     def reserve(self, request: HybridRequest, num_tokens: int) -> bool:
         """Blocks in every group for the request's first ``num_tokens`` tokens.
 
+        A partly filled last block shared with a fork is copied first (the
+        writer gets the fresh block; :attr:`last_copies` lists the copies).
+
         Returns:
             False, with nothing changed, when some pool cannot supply them.
 
@@ -211,10 +257,18 @@ class HybridMemory:
             InvalidArgumentError: an unknown request or a bad count.
             CapacityError: a table row would overflow.
 
-        Complexity: as :meth:`LayerGroups.reserve`.
+        Complexity: as :meth:`LayerGroups.reserve`, plus one block copy per shared tail.
         """
         self._check(request)
-        return self.groups.reserve(request.slot, num_tokens)
+        needed = self.groups.blocks_needed(request.slot, num_tokens)
+        copies = self.tails.fresh_blocks_needed(request.slot, num_tokens)
+        for pool, allocator in self.groups.allocators.items():
+            if not allocator.is_memory_available(needed[pool] + copies[pool]):
+                return False
+        if not self.groups.reserve(request.slot, num_tokens):  # counted above: cannot happen
+            raise InvariantError("a pool ran short after the count")
+        self.last_copies = self.tails.write(request.slot, num_tokens)
+        return True
 
     def commit(
         self, request: HybridRequest, num_tokens: int, block_hashes: Sequence[int]
@@ -259,6 +313,7 @@ class HybridMemory:
         Complexity: O(blocks held).
         """
         self._check(request)
+        self.tails.drop(request.slot)
         self.groups.finish(request.slot)
         if request.state_slot is not None and self.state_pool is not None:
             self.state_pool.free(request.state_slot)
@@ -290,6 +345,7 @@ class HybridMemory:
             self.state_pool.check_invariants()
         if self.checkpoints is not None:
             self.checkpoints.check_invariants()
+        self.tails.check_invariants()
         pool = self.state_pool
         for request in self._requests.values():
             slot = request.state_slot

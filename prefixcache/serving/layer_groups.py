@@ -103,30 +103,6 @@ def first_needed_block(num_tokens: int, window: int, block_size: int) -> int:
     return max(0, num_tokens - window + 1) // block_size
 
 
-class _WindowedBlockTable(BlockTable):
-    """A BlockTable whose rows may point leading entries at the dummy block.
-
-    Sliding-window rows keep their logical positions (a kernel finds block
-    ``i`` at column ``i``) while blocks out of the window are given back.
-    Uses BlockTable's internals until it has these two methods itself (see
-    DESIGN.md, "Hybrid models").
-    """
-
-    def add_request_at(self, start: int, block_ids: np.ndarray) -> int:
-        """A new row whose columns ``start ..`` hold ``block_ids``; earlier ones the dummy."""
-        if not self._free_slots:
-            raise CapacityError(f"all {self.max_requests} request slots are in use")
-        self._check_room(len(block_ids), start, "a new request")
-        slot = self.add_request([])
-        self._write(slot, start, block_ids)
-        return slot
-
-    def clear_leading(self, slot: int, start: int, stop: int) -> None:
-        """Point columns ``start .. stop`` of ``slot`` back at the dummy block."""
-        self._rows[slot, start:stop] = self.dummy_block_id
-        self._upload(slot, start, stop)
-
-
 @dataclass(slots=True)
 class _Row:
     """What the groups know of one request; changed only by :class:`LayerGroups`."""
@@ -234,9 +210,7 @@ class LayerGroups:
         self._allocator = [self.allocators[spec.pool_name] for spec in self.specs]
         self._tag = [members[spec.pool_name].index(spec) for spec in self.specs]
         self._table = [
-            _WindowedBlockTable(
-                max_requests, max_blocks_per_request, allocator.dummy_block_id, self.device
-            )
+            BlockTable(max_requests, max_blocks_per_request, allocator.dummy_block_id, self.device)
             for allocator in self._allocator
         ]
         self.tables = {spec.name: self._table[g] for g, spec in enumerate(self.specs)}
@@ -368,15 +342,7 @@ class LayerGroups:
 
         Complexity: O(new blocks), plus O(log n) per evicted block.
         """
-        self._row(slot)
-        num_tokens = require_int(num_tokens, "num_tokens", minimum=0)
-        wanted = -(-num_tokens // self.block_size)
-        needs = [max(0, wanted - table.num_blocks(slot)) for table in self._table]
-        for group, table in enumerate(self._table):
-            if needs[group] and table.num_blocks(slot) + needs[group] > (
-                table.max_blocks_per_request
-            ):
-                raise CapacityError(f"slot {slot} would need {wanted} blocks in a row")
+        needs = self._needs(slot, num_tokens)
         per_pool: dict[str, int] = {}
         for spec, need in zip(self.specs, needs, strict=True):
             per_pool[spec.pool_name] = per_pool.get(spec.pool_name, 0) + need
@@ -389,6 +355,71 @@ class LayerGroups:
                     raise InvariantError(f"pool of group {self.specs[group].name!r} ran short")
                 self._table[group].append_blocks(slot, block_ids)
         return True
+
+    def blocks_needed(self, slot: int, num_tokens: int) -> dict[str, int]:
+        """Fresh blocks per pool that :meth:`reserve` would take for ``num_tokens`` tokens.
+
+        Raises:
+            InvalidArgumentError, CapacityError: as :meth:`reserve`.
+
+        Complexity: O(groups).
+        """
+        per_pool = dict.fromkeys(self.allocators, 0)
+        for spec, need in zip(self.specs, self._needs(slot, num_tokens), strict=True):
+            per_pool[spec.pool_name] += need
+        return per_pool
+
+    def _needs(self, slot: int, num_tokens: int) -> list[int]:
+        """Per group, the blocks the row of ``slot`` lacks for ``num_tokens`` tokens."""
+        self._row(slot)
+        num_tokens = require_int(num_tokens, "num_tokens", minimum=0)
+        wanted = -(-num_tokens // self.block_size)
+        needs = [max(0, wanted - table.num_blocks(slot)) for table in self._table]
+        for group, table in enumerate(self._table):
+            if needs[group] and table.num_blocks(slot) + needs[group] > (
+                table.max_blocks_per_request
+            ):
+                raise CapacityError(f"slot {slot} would need {wanted} blocks in a row")
+        return needs
+
+    def fork(self, slot: int) -> int:
+        """A new request sharing every block ``slot``'s written tokens are in, in every group.
+
+        The fork (parallel sampling, beam search) takes a reference on each
+        shared block and continues from the same token count. Blocks reserved
+        past the written tokens stay with ``slot``. A partly filled last block
+        is shared too: the caller must copy it before either request writes
+        there (:class:`~prefixcache.serving.cow.PartialBlockTable`).
+
+        Returns:
+            The fork's slot.
+
+        Raises:
+            InvalidArgumentError: no such request.
+            CapacityError: no free row.
+
+        Complexity: O(blocks held) per group.
+        """
+        row = self._row(slot)
+        if not self._table[0].num_free_slots:
+            raise CapacityError(f"all {self._table[0].max_requests} request slots are in use")
+        num_written = -(-row.num_tokens // self.block_size)
+        slots = set()
+        for group, table in enumerate(self._table):
+            first = min(row.num_released[group], num_written)
+            shared = table.blocks_of(slot)[first:num_written]
+            self._allocator[group].acquire_blocks(shared)
+            slots.add(table.add_request_at(first, shared))
+        if len(slots) != 1:
+            raise InvariantError(f"group tables handed out different rows {sorted(slots)}")
+        new_slot = slots.pop()
+        self._rows[new_slot] = _Row(
+            num_tokens=row.num_tokens,
+            num_registered=list(row.num_registered),
+            num_released=[min(released, num_written) for released in row.num_released],
+            hashes=[list(hashes) for hashes in row.hashes],
+        )
+        return new_slot
 
     def commit(self, slot: int, num_tokens: int, base_hashes: Sequence[int]) -> None:
         """Record that the KV of the first ``num_tokens`` tokens is written in every group.
@@ -449,7 +480,7 @@ class LayerGroups:
             return
         blocks = self._table[group].blocks_of(slot)[start:stop]
         self._allocator[group].release_memory_blocks(blocks)
-        self._table[group].clear_leading(slot, start, stop)
+        self._table[group].clear_blocks(slot, start, stop)
         row.num_released[group] = stop
 
     def finish(self, slot: int) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.serving.hybrid import HybridMemory, HybridRequest
 from prefixcache.serving.layer_groups import LayerGroupSpec
@@ -171,6 +172,23 @@ class ToyHybridModel:
                 out += self._linear_step(params, x, conv[layer], recurrent[layer])
             outputs.append(out)
         return outputs
+
+    def next_token(self, output: torch.Tensor, rank: int = 0) -> int:
+        """The token ranked ``rank`` (0: the greedy choice) by ``output``'s logits.
+
+        Logits are the output against every token's embedding; ties go to the
+        lower token ID, so equal outputs always give equal tokens. A fork that
+        samples another rank diverges from its parent at its first token.
+
+        Raises:
+            InvalidArgumentError: ``rank`` outside ``[0, vocab_size)``.
+
+        Complexity: O(vocab_size * hidden_size).
+        """
+        rank = require_int(rank, "rank", minimum=0, maximum=self.vocab_size - 1)
+        logits = (self.embedding @ output).tolist()
+        order = sorted(range(self.vocab_size), key=lambda token: (-logits[token], token))
+        return order[rank]
 
     # ------------------------------------------------------------------ arithmetic
 
