@@ -24,6 +24,17 @@ overrides); ``PrefixCacheComposedAdapter`` runs W2/W3 through the separate
 calls instead of the fused one, and ``PrefixCachePythonAdapter`` forces the
 Python engine, both for comparison in the same run.
 
+``MegatronDropInAdapter`` (peer ``megatron-dropin``) is the harness's own
+``megatron-core`` peer, the same calls in the same order, with Megatron's
+``KVBlockAllocator`` replaced by the drop-in
+(:class:`prefixcache.integrations.megatron.MegatronKVBlockAllocator`): what a
+Megatron user gets from ``install()``. It subclasses the harness's
+``MegatronAdapter``, so it is built on first access (a module
+``__getattr__``) and only where the harness and megatron-core import::
+
+    $PEERS_VENV/bin/python run_peers.py --peers megatron \
+        --adapter <repository>/benchmarks/peer_adapter.py:MegatronDropInAdapter
+
 Mapping (what a serving engine calls, in the order it calls it):
 
 - W1: ``KVBlockAllocator(total_count=P, enable_prefix_caching=False)``;
@@ -37,9 +48,11 @@ Mapping (what a serving engine calls, in the order it calls it):
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
+from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -206,3 +219,47 @@ class PrefixCachePythonAdapter(PrefixCacheComposedAdapter):
 
     name = "prefixcache-python"
     engine = "python"
+
+
+# ---------------------------------------------------------------------- Megatron drop-in
+
+
+@cache
+def _megatron_dropin_adapter() -> type:
+    """The harness's ``MegatronAdapter`` with the drop-in as its allocator class."""
+    harness: Any = sys.modules.get("__main__")
+    if not hasattr(harness, "MegatronAdapter"):  # not run by run_peers.py: import it
+        harness = importlib.import_module("run_peers")
+    from prefixcache.integrations.megatron import MegatronKVBlockAllocator, check_version
+
+    megatron_adapter: Any = harness.MegatronAdapter
+
+    class MegatronDropInAdapter(megatron_adapter):
+        """Megatron's calls on prefixcache's drop-in (LRU, the allocator's default engine)."""
+
+        name = "megatron-dropin"
+        patches: ClassVar[list[str]] = [
+            *megatron_adapter.patches,
+            "KVBlockAllocator -> prefixcache.integrations.megatron.MegatronKVBlockAllocator",
+        ]
+
+        def __init__(self) -> None:
+            super().__init__()
+            check_version()
+            self.KVBlockAllocator = MegatronKVBlockAllocator
+
+        def version(self) -> str:
+            """megatron-core's version and prefixcache's, with the engine that runs."""
+            engine = os.environ.get("PREFIXCACHE_ENGINE") or (
+                "native" if native_available() else "python"
+            )
+            return f"{super().version()} + prefixcache {prefixcache.__version__} ({engine})"
+
+    return MegatronDropInAdapter
+
+
+def __getattr__(name: str) -> Any:
+    """``MegatronDropInAdapter`` on first access (it needs the harness and megatron-core)."""
+    if name == "MegatronDropInAdapter":
+        return _megatron_dropin_adapter()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

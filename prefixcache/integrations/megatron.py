@@ -199,8 +199,11 @@ class MegatronKVBlockAllocator:
         self.active_count = total_count - paused_count - 1
         self.dummy_block_idx = total_count - 1
         keep_events = settings.get("kv_events_capacity", 0) > 0
+        # The mirrors learn deregistrations from the event log; without prefix caching
+        # nothing is registered, so no log (and no change tracking) unless events are asked.
+        watch = enable_prefix_caching or keep_events
         settings.setdefault("device", "cpu")
-        settings["kv_events_capacity"] = max(1, settings.get("kv_events_capacity", 0))
+        settings["kv_events_capacity"] = max(int(watch), settings.get("kv_events_capacity", 0))
         # Megatron bounds allocation by the whole pool and counts paused blocks from the
         # context's tables, so the backing allocator keeps every reference active.
         self.allocator = KVBlockAllocator(
@@ -212,8 +215,11 @@ class MegatronKVBlockAllocator:
                 **settings,
             )
         )
-        assert self.allocator.events is not None  # kv_events_capacity >= 1 above
-        self.allocator.events = _WatchedEventLog(self.allocator.events, self._removed, keep_events)
+        if watch:
+            assert self.allocator.events is not None  # kv_events_capacity >= 1 above
+            self.allocator.events = _WatchedEventLog(
+                self.allocator.events, self._removed, keep_events
+            )
         self._keep_events = keep_events
         self._caches = enable_prefix_caching and caches
         self._is_lru = enable_prefix_caching and prefix_caching_eviction_policy == _LRU
@@ -398,15 +404,25 @@ class MegatronKVBlockAllocator:
             parent_hash=parent if known else None,
         ).tolist()
         parent_id = self.kv_hash_to_block_id[parent] if known else -1
+        table = self.kv_hash_to_block_id
+        new_ids, new_hashes, new_parents = [], [], []
         for block_id, block_hash, held in zip(ids, hashes, holds, strict=True):
-            if held and self.kv_hash_to_block_id.get(block_hash) != block_id:
-                self.kv_hash_to_block_id[block_hash] = block_id
-                self.block_hashes[block_id] = block_hash
-                if self._is_lru:
-                    self.block_parent_id[block_id] = parent_id
-                    if parent_id >= 0:
-                        self.block_child_count[parent_id] += 1
-            parent_id = self.kv_hash_to_block_id.get(block_hash, -1)
+            if held and table.get(block_hash) != block_id:
+                table[block_hash] = block_id
+                new_ids.append(block_id)
+                new_hashes.append(block_hash)
+                new_parents.append(parent_id)
+            parent_id = table.get(block_hash, -1)
+        if not new_ids:
+            return
+        # One vectorised write per mirror (a tensor item write costs microseconds).
+        rows = torch.tensor(new_ids, dtype=torch.int64)
+        self.block_hashes[rows] = torch.tensor(new_hashes, dtype=torch.int64)
+        if self._is_lru:
+            parents = torch.tensor(new_parents, dtype=torch.int64)
+            self.block_parent_id[rows] = parents
+            parents = parents[parents >= 0]
+            self.block_child_count.scatter_add_(0, parents, torch.ones_like(parents))
 
     def update_timestamps(self, block_ids: torch.Tensor) -> None:
         """Mark blocks used at the context's clock (LRU mode; a no-op otherwise).
@@ -467,9 +483,11 @@ class MegatronKVBlockAllocator:
         touched = torch.unique(self._positions[index].reshape(-1))
         before = raw[touched].clone()
         raw[index] = value
-        delta = (raw[touched] - before).to(torch.int64)
-        taken = torch.repeat_interleave(touched, delta.clamp(min=0))
-        dropped = torch.repeat_interleave(touched, (-delta).clamp(min=0))
+        delta = (raw[touched] - before).numpy().astype(np.int64)
+        # np.repeat: torch.repeat_interleave takes ~15 ms per call on CPU in torch 2.13.
+        ids = touched.numpy()
+        taken = torch.from_numpy(np.repeat(ids, np.maximum(delta, 0)))
+        dropped = torch.from_numpy(np.repeat(ids, np.maximum(-delta, 0)))
         try:
             if taken.numel():
                 self._run(self.allocator.acquire_blocks, taken)
