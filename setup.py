@@ -16,7 +16,13 @@ import sys
 from setuptools import Extension, setup
 
 NATIVE = "prefixcache/engine/native"
-SOURCES = ["engine.cpp", "engine_registry.cpp", "module.cpp", "module_engine.cpp"]
+SOURCES = [
+    "engine.cpp",
+    "engine_layout.cpp",
+    "engine_registry.cpp",
+    "module.cpp",
+    "module_engine.cpp",
+]
 HEADERS = [
     "binding.h",
     "block_hashing.h",

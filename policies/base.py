@@ -223,6 +223,28 @@ class EvictionPolicy(ABC):
         """
         return False
 
+    def relocate(
+        self,
+        old_id: int,
+        new_id: int,
+        block_hash: int,
+        last_access: int,
+        num_accesses: int,
+        depth: int,
+    ) -> None:
+        """The tracked leaf ``old_id`` now lives at ``new_id`` (defragmentation moved it).
+
+        Other arguments as for :meth:`insert`, with the leaf's recorded values.
+        The default discards ``old_id`` and inserts ``new_id``: exact for a
+        policy whose order is a function of those arguments and the ID (LRU;
+        FIFO re-enters at the leaf's last access, not its entry time), and
+        transactional through those two calls. Override it to carry state
+        the arguments do not give (ages, frequencies, queue positions).
+        The native engine does the same for its ``lru`` and ``fifo``.
+        """
+        self.discard(old_id)
+        self.insert(new_id, block_hash, last_access, num_accesses, depth)
+
     # ------------------------------------------------------------------ legacy
 
     @classmethod

@@ -17,6 +17,7 @@ from prefixcache.engine.block_ids import (
 )
 from prefixcache.engine.config import AllocatorConfig, build_policy
 from prefixcache.engine.core import EngineCore
+from prefixcache.engine.defragment_methods import DefragmentMethods
 from prefixcache.engine.events import KVEventLog
 from prefixcache.engine.kv_event_methods import KVEventMethods
 from prefixcache.engine.moe_routing import MoERoutingMethods
@@ -55,7 +56,9 @@ def _check_count(num_blocks: object) -> int:
     return require_int(num_blocks, "num_blocks", minimum=0)
 
 
-class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, RequestPathMethods):
+class KVBlockAllocator(
+    PrefixHashingMethods, KVEventMethods, MoERoutingMethods, RequestPathMethods, DefragmentMethods
+):
     """Hands out KV-cache block IDs, counts references, and shares cached prefixes.
 
     Every usable block is in exactly one state: free (on the pool's stack),
@@ -596,7 +599,9 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, 
             self.events.record_cleared()
 
     def stats(self) -> AllocatorStats:
-        """A snapshot of counts per state and cumulative events, all plain ints. O(1).
+        """A snapshot of counts per state and cumulative events, all plain ints.
+
+        O(1), but for ``largest_free_run`` (the fragmentation figure): O(num_usable).
 
         Whatever integer type an engine keeps, the snapshot holds Python
         ``int``s, so ``json.dumps(stats.as_dict())`` always works.
@@ -622,6 +627,7 @@ class KVBlockAllocator(PrefixHashingMethods, KVEventMethods, MoERoutingMethods, 
             clock=int(counters.clock),
             num_queried_tokens=self._num_queried_tokens,
             num_hit_tokens=self._num_hit_tokens,
+            largest_free_run=self.largest_free_run(),
         )
 
     def __str__(self) -> str:

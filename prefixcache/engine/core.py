@@ -220,6 +220,26 @@ class EngineCore(Protocol):
         """``"free"``, ``"active"``, ``"paused"`` or ``"cached"``."""
         ...
 
+    # ---- layout (DESIGN.md, "Defragmentation")
+
+    def free_ids(self) -> np.ndarray:
+        """The free IDs (int32), the next to go out last. Complexity: O(num_free)."""
+        ...
+
+    def relocate(self, sources: np.ndarray, destinations: np.ndarray, *, check_only: bool) -> None:
+        """Move each source's whole state to its destination; the sources become free.
+
+        Reference counts, access history, hash, parent/child links and the
+        policy's entry move with the block; the free list is rebuilt so the
+        lowest free ID goes out first. With ``check_only`` only the checks run.
+
+        Raises:
+            BlockStateError: a free group is open, a source is free or a
+                destination is not.
+            InvalidArgumentError: an ID appears twice among the moves.
+        """
+        ...
+
     # ---- collaborators above the engine
 
     def take_changes(self) -> tuple[np.ndarray, list[int]]:

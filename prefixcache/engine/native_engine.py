@@ -211,6 +211,9 @@ class NativeEngine:
         active, paused = self.core.reference_counts(block_ids)
         return np.frombuffer(active, dtype=np.int32), np.frombuffer(paused, dtype=np.int32)
 
+    def relocate(self, sources: np.ndarray, destinations: np.ndarray, *, check_only: bool) -> None:
+        self.core.relocate(sources, destinations, check_only)
+
     def describe_state(self, block_id: int) -> str:
         state: str = self.core.describe_state(block_id)
         return state

@@ -47,8 +47,8 @@ class BlockPool:
     What the pool does check is O(1): the type and sign of a count, and that
     a push fits on the stack.
 
-    Methods: :meth:`acquire`, :meth:`release`, :meth:`reset`, :meth:`free_ids`.
-    Not thread-safe.
+    Methods: :meth:`acquire`, :meth:`release`, :meth:`reset`, :meth:`rebuild`,
+    :meth:`free_ids`. Not thread-safe.
 
     Args:
         total_count: number of blocks including the dummy block (>= 2).
@@ -143,6 +143,24 @@ class BlockPool:
         self._stack[top : top + count] = block_ids  # above the top: not free until counted
         self._mirror_range(top, top + count)
         self.num_free = top + count
+
+    def rebuild(self, free_ids: np.ndarray) -> None:
+        """Make exactly ``free_ids`` (distinct, in range) the free blocks, the lowest on top.
+
+        For defragmentation, which changes the free set at once: the stack
+        ends as after :meth:`reset`, so the next hand-outs are the lowest free
+        IDs, contiguous after a compaction. If the device copy raises, the
+        stack is as before. Complexity: O(total_count).
+        """
+        old_free = self._stack[: self.num_free].copy()
+        ids = np.sort(np.asarray(free_ids, dtype=np.int32))[::-1]
+        self._stack[: len(ids)] = ids
+        try:
+            self._mirror_range(0, len(ids))
+        except BaseException:
+            self._stack[: len(old_free)] = old_free
+            raise
+        self.num_free = len(ids)
 
     def free_ids(self) -> np.ndarray:
         """A copy of the free IDs, bottom of the stack first. Complexity: O(num_free)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from prefixcache.engine.core import EngineCounters
+from prefixcache.engine.defragment import relocate_blocks
 from prefixcache.engine.eviction import EvictionPlanner
 from prefixcache.engine.free_list import SortedFreeList
 from prefixcache.engine.invariants import find_invariant_problems
@@ -476,6 +477,12 @@ class PythonEngine:
 
     def reference_counts(self, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.refs.active[block_ids], self.refs.paused[block_ids]
+
+    def relocate(self, sources: np.ndarray, destinations: np.ndarray, *, check_only: bool) -> None:
+        relocate_blocks(self, sources, destinations, check_only=check_only)
+
+    def free_ids(self) -> np.ndarray:
+        return self.pool.free_ids()
 
     def describe_state(self, block_id: int) -> str:
         if self.refs.active[block_id] > 0:

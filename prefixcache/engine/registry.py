@@ -54,7 +54,7 @@ class HashRegistry:
 
     Methods: :meth:`match`, :meth:`block_of`, :meth:`holds_none`, :meth:`hash_of`,
     :meth:`register`, :meth:`deregister_leaf`, :meth:`deregister_leaves`,
-    :meth:`children_of`, :meth:`clear`. Not thread-safe.
+    :meth:`children_of`, :meth:`relocate`, :meth:`clear`. Not thread-safe.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -289,6 +289,38 @@ class HashRegistry:
         self._next_sibling[ids] = NONE
         self._prev_sibling[ids] = NONE
         return hashes
+
+    def relocate(self, sources: np.ndarray, destinations: np.ndarray) -> None:
+        """Move each source's hash, links and depth to its destination, which holds none.
+
+        For defragmentation. The moves are disjoint swaps of a block and an
+        unregistered one, so every per-block array is permuted and every link
+        renamed through the same permutation; each hash keeps its place in
+        the registration order (the dict is updated in place).
+        Preconditions (checked by the engine): the IDs are distinct and every
+        destination is unregistered.
+
+        Complexity: O(num_blocks) vectorised, plus O(k) for the hashes.
+        """
+        if not len(sources):
+            return
+        src = np.asarray(sources, dtype=np.intp)
+        dst = np.asarray(destinations, dtype=np.intp)
+        perm = np.arange(len(self._is_registered), dtype=np.intp)
+        perm[src], perm[dst] = dst, src
+        both, swapped = np.concatenate((src, dst)), np.concatenate((dst, src))
+        for array in (self._is_registered, self._num_children, self._depth_of):
+            array[both] = array[swapped]
+        for links in (self._first_child, self._next_sibling, self._prev_sibling, self._parent_of):
+            links[both] = links[swapped]
+            linked = links >= 0
+            links[linked] = perm[links[linked]]
+        hash_of_block, block_of_hash = self._hash_of_block, self._block_of_hash
+        for source, destination in zip(src.tolist(), dst.tolist(), strict=True):
+            block_hash = hash_of_block[source]
+            hash_of_block[source], hash_of_block[destination] = NO_HASH, block_hash
+            if block_hash != NO_HASH:
+                block_of_hash[block_hash] = destination
 
     def clear(self) -> None:
         """Forget everything. Complexity: O(num_blocks)."""

@@ -102,6 +102,11 @@ class RoutingStore:
         """Forget the routing of ``block_ids`` (evicted or handed out fresh). Vectorised."""
         self._written[block_ids] = False
 
+    def swap_rows(self, rows: np.ndarray, others: np.ndarray) -> None:
+        """Give ``rows[i]`` the routing of ``others[i]`` (defragmentation moves). Vectorised."""
+        self._data[rows] = self._data[others]
+        self._written[rows] = self._written[others]
+
     def clear_all(self) -> None:
         """Forget all routing. O(num_blocks * block_size)."""
         self._written[:] = False

@@ -23,6 +23,9 @@ class AllocatorStats:
     matched but its verification fingerprint did not (a hash collision).
     ``num_dropped_events`` counts KV cache events lost to a full event queue:
     a consumer that sees it grow should resynchronise from ``snapshot()``.
+    ``largest_free_run`` is the longest run of consecutive free IDs, and
+    :attr:`fragmentation` the share of free blocks outside it (DESIGN.md,
+    "Defragmentation").
 
     Every field is a plain Python ``int`` (never a numpy integer), so
     ``json.dumps(stats.as_dict())`` works.
@@ -46,10 +49,23 @@ class AllocatorStats:
     clock: int
     num_queried_tokens: int = 0
     num_hit_tokens: int = 0
+    largest_free_run: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """Every field by name, for logs and JSON. Complexity: O(fields)."""
         return asdict(self)
+
+    @property
+    def fragmentation(self) -> float:
+        """Share of free blocks outside the largest free run: 0.0 packed, near 1.0 scattered.
+
+        0.0 when nothing is free. A request of ``n`` blocks gets contiguous
+        IDs under ``free_list="lowest"`` whenever ``n <= largest_free_run``
+        and the run is the lowest free one.
+        """
+        if not self.num_free:
+            return 0.0
+        return (self.num_free - self.largest_free_run) / self.num_free
 
     @property
     def hit_rate(self) -> float:

@@ -326,3 +326,40 @@ class BlockTable:
         self._rows[slot, index] = block_id
         self._upload(slot, index, index + 1)
         return old
+
+    # ------------------------------------------------------------------ defragmentation
+
+    def apply_moves(self, sources: BlockIdsLike, destinations: BlockIdsLike) -> int:
+        """Rename every held ``sources[i]`` to ``destinations[i]`` (a defragmentation's moves).
+
+        Call it with the plan that :meth:`KVBlockAllocator.apply_defragment`
+        applied (``table.apply_moves(plan.sources, plan.destinations)``), before
+        the next kernel reads the table. Dummy entries stay; every row, active
+        or not, is renamed through one lookup array and uploaded at once.
+
+        Returns:
+            How many table entries changed.
+
+        Raises:
+            InvalidTensorError, InvalidBlockIdError: malformed IDs or the dummy block.
+            InvalidArgumentError: the lists differ in length or an ID appears
+                twice among them (nothing changes).
+
+        Complexity: O(max_requests * max_blocks_per_request), vectorised.
+        """
+        src = to_block_ids(sources, self.dummy_block_id)
+        dst = to_block_ids(destinations, self.dummy_block_id)
+        if len(src) != len(dst):
+            raise InvalidArgumentError(f"{len(src)} sources but {len(dst)} destinations")
+        both = np.concatenate((src, dst))
+        if len(np.unique(both)) != len(both):
+            raise InvalidArgumentError("an ID appears twice among the moves")
+        rename = np.arange(self.dummy_block_id + 1, dtype=np.int32)
+        rename[src] = dst
+        renamed = rename[self._rows]
+        changed = int(np.count_nonzero(renamed != self._rows))
+        if changed:
+            self._rows[:] = renamed
+            if self._device is not self._host:
+                self._device.copy_(self._host, non_blocking=True)
+        return changed

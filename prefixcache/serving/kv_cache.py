@@ -319,3 +319,28 @@ class KVCache:
         for k_cache, v_cache in zip(self.k_caches, self.v_caches, strict=True):
             k_cache[dst, :num_tokens] = k_cache[src, :num_tokens]
             v_cache[dst, :num_tokens] = v_cache[src, :num_tokens]
+
+    def copy_blocks(self, sources: IndexLike, destinations: IndexLike) -> None:
+        """Copy whole blocks ``sources[i] -> destinations[i]``, every layer, K and V.
+
+        The copy callback of :meth:`KVBlockAllocator.apply_defragment`
+        (``allocator.apply_defragment(plan, copy=cache.copy_blocks)``): the
+        allocator calls it after checking the plan and before moving any
+        state, with free destinations. Each layer's gather happens before its
+        scatter, so a destination that is also a source reads the old data.
+        Stays on the device (no host wait).
+
+        Raises:
+            InvalidArgumentError: an ID outside ``[0, num_blocks)`` or lists of
+                different lengths.
+            InvalidTensorError: malformed index tensors.
+
+        Complexity: O(layers * len(sources) * block bytes).
+        """
+        src = self._index(sources, "sources", self.num_blocks)
+        dst = self._index(destinations, "destinations", self.num_blocks)
+        if src.shape != dst.shape:
+            raise InvalidArgumentError(f"{src.shape[0]} sources but {dst.shape[0]} destinations")
+        for k_cache, v_cache in zip(self.k_caches, self.v_caches, strict=True):
+            k_cache[dst] = k_cache[src]
+            v_cache[dst] = v_cache[src]

@@ -302,6 +302,7 @@ VALUE_RESULTS = {
     "torch.Tensor | None",
     "tuple[torch.Tensor, torch.Tensor]",
     "AllocatorStats",
+    "DefragmentPlan",
     "list[BlockStored]",
     "list[KVCacheEvent]",
     "Iterator[None]",

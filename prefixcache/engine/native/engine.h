@@ -117,6 +117,15 @@ class Engine {
   int32_t paused_refs(int32_t block_id) const noexcept { return paused_[block_id]; }
   const char* describe_state(int32_t block_id) const noexcept;
 
+  // ---- layout (engine_layout.cpp)
+  /// Move each source's whole state to its destination (free); the sources become free.
+  /// Refused (nothing changes) inside a free group, for an ID listed twice, a free
+  /// source or a destination that is not free. Complexity: O(total_count + k log n).
+  void relocate(const int32_t* sources, const int32_t* destinations, size_t count);
+  /// relocate's checks alone (throws as it would; changes only scratch state).
+  void check_relocation(const int32_t* sources, const int32_t* destinations, size_t count);
+  bool is_free(int32_t block_id) const noexcept;
+
   // ---- collaborators above the engine
   bool tracks_changes() const noexcept { return track_changes_; }
   std::vector<int32_t>& freed_blocks() noexcept { return changed_free_; }
@@ -151,6 +160,7 @@ class Engine {
     return active_[block_id] == 0 && paused_[block_id] == 0;
   }
   void push_free(int32_t block_id) noexcept;
+  void rebuild_free_list();
   void insert_leaf(int32_t block_id) noexcept { heap_.insert(block_id, last_access_[block_id]); }
   void reset_counters() noexcept;
 

@@ -524,6 +524,33 @@ FASTCALL(engine_move) {
   Py_RETURN_NONE;
 }
 
+FASTCALL(engine_relocate) {
+  static const char* const names[] = {"sources", "destinations", "check_only"};
+  EngineObject* self = self_of(py_self);
+  PyObject* bound[3] = {nullptr, nullptr, nullptr};
+  if (!ready(self) || !native_bind_args("relocate", args, nargs, kwnames, names, 2, 3, bound)) {
+    return nullptr;
+  }
+  bool check_only = false;
+  if (bound[2] && !native_parse_flag(bound[2], "check_only", &check_only)) return nullptr;
+  std::vector<int32_t> destinations;
+  if (!native_parse_ids(bound[0], self->engine->num_usable(), *self->ids, "sources") ||
+      !native_parse_ids(bound[1], self->engine->num_usable(), destinations, "destinations")) {
+    return nullptr;
+  }
+  if (destinations.size() != self->ids->size()) {
+    native_raise(ErrorKind::kInvalidArgument, "sources and destinations differ in length");
+    return nullptr;
+  }
+  if (check_only) {
+    GUARD(self->engine->check_relocation(self->ids->data(), destinations.data(),
+                                         destinations.size());)
+  } else {
+    GUARD(self->engine->relocate(self->ids->data(), destinations.data(), destinations.size());)
+  }
+  Py_RETURN_NONE;
+}
+
 PyObject* engine_touch(PyObject* py_self, PyObject* arg) {
   EngineObject* self = self_of(py_self);
   if (!ready(self) || !native_parse_ids(arg, self->engine->num_usable(), *self->ids, "block_ids")) {
@@ -733,6 +760,9 @@ PyMethodDef g_methods[] = {
     {"hash_tokens", engine_hash_tokens, METH_O, "hash_tokens(tokens) -> list of block hashes"},
     {"move", FAST(engine_move), METH_FASTCALL | METH_KEYWORDS, "move(block_ids, to_paused)"},
     {"touch", engine_touch, METH_O, "touch(block_ids)"},
+    {"relocate", FAST(engine_relocate), METH_FASTCALL | METH_KEYWORDS,
+     "relocate(sources, destinations, check_only=False): move each source's state to its "
+     "free destination (check_only: only refuse what relocate would)"},
     {"evict", engine_evict, METH_O, "evict(num_blocks) -> number freed"},
     {"advance_clock", engine_advance_clock, METH_O, "advance_clock(ticks) -> clock"},
     {"reference_counts", engine_reference_counts, METH_O,
