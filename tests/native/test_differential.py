@@ -5,9 +5,10 @@ and a ``KVBlockAllocator(engine="native")`` with the same operations
 (allocate, release with duplicates and paused, free groups, match with and
 without acquire, acquire, register with conflicts and partial holders,
 pause/resume with budget errors, touch, evict, reset, advance_clock, the
-request path) and compares every observable after each step: the IDs
-returned, the exception types, the free stack in order, reference counts,
-registry lookups and chains, KV events and stats. One machine per native
+request path, defragmentation by plan and by random moves) and compares
+every observable after each step: the IDs returned, the exception types,
+the free stack in order, reference counts, registry lookups and chains, KV
+events and stats. One machine per native
 policy, with KV events on (the engines' change logs) and off (the fused
 request path), each with the stack free list and the lowest-first one
 (``free_list="lowest"``: the same hand-out order in both engines).
@@ -26,6 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from prefixcache import KVBlockAllocator, PrefixCacheError
+from prefixcache.engine.defragment import DefragmentPlan
 from prefixcache.engine.native_engine import native_available
 
 pytestmark = pytest.mark.skipif(
@@ -287,6 +289,33 @@ class DifferentialMachine(RuleBasedStateMachine):
     @rule(ticks=st.integers(0, 3))
     def advance_clock(self, ticks: int) -> None:
         self.both(lambda a: a.advance_clock(ticks))
+
+    # ------------------------------------------------------------------ layout
+
+    @rule()
+    def defragment(self) -> None:
+        plan = self.python.plan_defragment()
+        assert self.native.plan_defragment().moves == plan.moves
+        self.both(lambda a: a.apply_defragment(plan))
+        self._rename(plan)
+
+    @rule(sources=ids_st, destinations=ids_st)
+    def relocate_any(self, sources: list[int], destinations: list[int]) -> None:
+        """Random moves: mostly refused (a free source, a live destination, a repeat)."""
+        count = min(len(sources), len(destinations))
+        plan = DefragmentPlan(
+            np.array(sources[:count], dtype=np.int32),
+            np.array(destinations[:count], dtype=np.int32),
+        )
+        if self.both(lambda a: a.apply_defragment(plan))[0] == "ok":
+            self._rename(plan)
+
+    def _rename(self, plan: DefragmentPlan) -> None:
+        """Follow the moves in the IDs this machine remembers."""
+        rename = dict(plan.moves)
+        self.held = [rename.get(b, b) for b in self.held]
+        self.paused = [rename.get(b, b) for b in self.paused]
+        self.requests = [[rename.get(b, b) for b in row] for row in self.requests]
 
     @precondition(lambda self: len(self.held) > 6)
     @rule()
