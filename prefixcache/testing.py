@@ -666,18 +666,16 @@ class ReferenceModel:
         self.paused.clear()
         self.block_of_hash.clear()
 
-    def num_paused_blocks(self, active: Counter[int], paused: Counter[int]) -> int:
-        """Blocks that only paused references hold, for the given reference multisets."""
-        return sum(1 for block, count in paused.items() if count and not active[block])
-
     def pause_exceeds(self, taken: list[int], paused_count: int) -> bool:
         """Whether pausing ``taken`` (already out of :attr:`active`) breaks the paused budget.
 
-        A pause that does not grow the paused partition is allowed even over budget.
+        The budget bounds the blocks holding any paused reference: the pause is
+        refused when more blocks would take their first paused reference than
+        ``paused_count`` minus the blocks already holding one. A pause that
+        gives no block its first paused reference always passes.
         """
-        before = self.num_paused_blocks(Counter(self.active + taken), Counter(self.paused))
-        after = self.num_paused_blocks(Counter(self.active), Counter(self.paused + taken))
-        return after > before and after > paused_count
+        holding = set(self.paused)
+        return len(set(taken) - holding) > paused_count - len(holding)
 
     def resume_exceeds(self, taken: list[int], active_count: int) -> bool:
         """Whether resuming ``taken`` (already out of :attr:`paused`) breaks the active budget."""
@@ -699,3 +697,7 @@ class ReferenceModel:
         assert allocator.get_paused_used() == len(set(held_paused) - set(held_active)), (
             "paused blocks used"
         )
+        assert allocator.get_paused_avail() == allocator.paused_count - len(held_paused), (
+            "paused budget available"
+        )
+        assert len(held_paused) <= allocator.paused_count, "paused holders over the budget"

@@ -422,7 +422,8 @@ class KVBlockAllocator(
 
         Raises:
             ReferenceCountError: a block holds fewer active references than asked.
-            BudgetExceededError: more than ``paused_count`` blocks would be paused.
+            BudgetExceededError: more blocks would take their first paused
+                reference than :meth:`get_paused_avail` (nothing changes).
 
         Complexity: O(k log k) vectorised.
         """
@@ -465,16 +466,24 @@ class KVBlockAllocator(
         return int(self._engine.num_paused)
 
     def get_active_avail(self) -> int:
-        """Room left in the active budget (never negative). O(1).
+        """``active_count`` minus :meth:`get_active_used`. O(1).
 
-        Allocation is bounded by the whole pool, as in Megatron-core; the
-        active budget binds :meth:`resume`.
+        Negative when allocation went past the active budget: allocation is
+        bounded by the whole pool, as in Megatron-core, and the active budget
+        binds :meth:`resume` only.
         """
-        return max(0, self.active_count - int(self._engine.num_active))
+        return self.active_count - int(self._engine.num_active)
 
     def get_paused_avail(self) -> int:
-        """Room left in the paused budget. O(1)."""
-        return max(0, self.paused_count - int(self._engine.num_paused))
+        """Blocks that may still take their first paused reference (never negative). O(1).
+
+        The paused budget bounds every block holding a paused reference, also
+        one a running request holds too (it becomes paused-only, and is counted
+        by :meth:`get_paused_used`, when that request releases it), so this is
+        ``paused_count`` minus those blocks: at most ``paused_count -
+        get_paused_used()``, and what :meth:`pause` checks.
+        """
+        return self.paused_count - int(self._engine.num_holding_paused)
 
     def get_evictable_block_count(self) -> int:
         """Cached blocks, all of which eviction can reclaim. O(1)."""

@@ -85,6 +85,11 @@ class EngineCore(Protocol):
         ...
 
     @property
+    def num_holding_paused(self) -> int:
+        """Blocks holding any paused reference: what the paused budget bounds."""
+        ...
+
+    @property
     def num_cached(self) -> int:
         """Unreferenced registered blocks (all evictable)."""
         ...

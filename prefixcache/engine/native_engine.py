@@ -135,6 +135,10 @@ class NativeEngine:
         return int(self.core.num_paused)
 
     @property
+    def num_holding_paused(self) -> int:
+        return int(self.core.num_holding_paused)
+
+    @property
     def num_cached(self) -> int:
         return int(self.core.num_cached)
 

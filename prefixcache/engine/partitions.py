@@ -17,9 +17,10 @@ class PartitionLedger:
     references between them; allocation is bounded by the whole pool, as in
     Megatron-core. ``num_holding_paused`` counts the blocks holding *any*
     paused reference (paused-only or also active), the count the paused budget
-    is to bound (issue 15 item 3: releasing the running holder of a paused
-    block makes it paused-only with no budget check). Its own invariants
-    (``check``): no count is negative and ``num_paused <= num_holding_paused``.
+    bounds (issue 15 item 3: releasing the running holder of a paused block
+    makes it paused-only with no check, so the budget must already cover it).
+    Its own invariants (``check``): no count is negative and
+    ``num_paused <= num_holding_paused <= paused_count``.
 
     Args:
         num_usable: usable blocks (the dummy excluded).
@@ -51,13 +52,22 @@ class PartitionLedger:
         ``active`` and ``paused`` are the blocks' counts before the move.
         Changes nothing.
 
+        The paused budget bounds the blocks holding *any* paused reference: a
+        pause is refused when the blocks that would newly hold one exceed
+        :attr:`paused_avail`, so releasing the running holders later can never
+        leave more paused-only blocks than the budget. A pause that gives no
+        block its first paused reference always passes. The active budget
+        bounds :meth:`resume` alone (allocation may fill the whole pool, as in
+        Megatron-core), so a resume that activates no block always passes.
+
         Returns:
             ``(active after, paused after, active total, paused total,
             holding-paused total)``.
 
         Raises:
-            BudgetExceededError: the move adds blocks to a partition beyond its
-                budget (a move that adds no block to the target never overflows it).
+            BudgetExceededError: the pause gives more blocks their first paused
+                reference than the paused budget has room for, or the resume
+                activates blocks beyond the active budget.
         """
         num_active = int(np.count_nonzero(active))
         num_paused = int(np.count_nonzero((active == 0) & (paused > 0)))
@@ -70,9 +80,10 @@ class PartitionLedger:
         num_holding = int(np.count_nonzero(paused))
         new_holding = int(np.count_nonzero(after_paused))
         total_holding = self.num_holding_paused + new_holding - num_holding
-        if to_paused and new_paused > num_paused and total_paused > self.paused_count:
+        if to_paused and new_holding - num_holding > self.paused_avail:
             raise BudgetExceededError(
-                f"pausing would hold {total_paused} paused blocks; budget is {self.paused_count}"
+                f"pausing would give {new_holding - num_holding} more block(s) paused references "
+                f"({total_holding} in all); the paused budget is {self.paused_count}"
             )
         if not to_paused and new_active > num_active and total_active > self.active_count:
             raise BudgetExceededError(
@@ -81,14 +92,9 @@ class PartitionLedger:
         return after_active, after_paused, total_active, total_paused, total_holding
 
     @property
-    def active_avail(self) -> int:
-        """Room left in the active budget (never negative)."""
-        return max(0, self.active_count - self.num_active)
-
-    @property
     def paused_avail(self) -> int:
-        """Room left in the paused budget (never negative)."""
-        return max(0, self.paused_count - self.num_paused)
+        """Blocks that may still take their first paused reference (never negative)."""
+        return self.paused_count - self.num_holding_paused
 
     def clear(self) -> None:
         """Every count zero (engine reset)."""
@@ -100,6 +106,11 @@ class PartitionLedger:
         for name in ("num_active", "num_paused", "num_cached", "num_holding_paused"):
             if getattr(self, name) < 0:
                 problems.append(f"partition ledger: {name} is negative ({getattr(self, name)})")
+        if self.num_holding_paused > self.paused_count:
+            problems.append(
+                f"partition ledger: {self.num_holding_paused} blocks hold paused references "
+                f"over a paused budget of {self.paused_count}"
+            )
         if self.num_paused > self.num_holding_paused:
             problems.append(
                 f"partition ledger: {self.num_paused} paused-only blocks but only "

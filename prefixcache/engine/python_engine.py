@@ -121,6 +121,10 @@ class PythonEngine:
         return self.ledger.num_paused
 
     @property
+    def num_holding_paused(self) -> int:
+        return self.ledger.num_holding_paused
+
+    @property
     def num_cached(self) -> int:
         return self.ledger.num_cached
 

@@ -1,16 +1,18 @@
 """Reference counts and the paused/active partitions at their edges.
 
 Batches past the small-batch size and releases across calls and free groups
-count every occurrence; a block held both active and paused; moves that add
-no block pass an over-full partition; resume may fill the active budget
-exactly; counts may be numpy integers, and counts and policy arguments
-come back as integers.
+count every occurrence; a block held both active and paused; the paused
+budget bounds every block holding a paused reference, and a pause that adds
+no such block passes a full budget; a resume that activates no block passes an
+over-full active partition; resume may fill the active budget exactly; counts
+may be numpy integers, and counts and policy arguments come back as integers.
 
 ``tests/MUTATION.md`` lists the mutants these tests kill and the survivors that are equivalent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,7 @@ import pytest
 import torch
 from prefixcache.policies import LRUPolicy
 
-from prefixcache import KVBlockAllocator
+from prefixcache import BudgetExceededError, KVBlockAllocator, PrefixCacheError
 
 
 class InjectedFault(RuntimeError):
@@ -224,16 +226,35 @@ def test_pausing_a_block_active_twice_keeps_it_counted_active() -> None:
     allocator.check_invariants()
 
 
-def test_a_move_that_adds_no_block_passes_an_overfull_paused_partition() -> None:
-    allocator = KVBlockAllocator(total_count=8, paused_count=1, block_size_tokens=2, device="cpu")
-    first, second, third = allocator.allocate_memory_blocks(3).tolist()
-    allocator.pause([first])  # the paused budget is full
-    allocator.acquire_blocks([second, third])
-    allocator.pause([second])  # (1 active, 1 paused): counted active
-    allocator.release_memory_blocks([second])  # now paused only: over the budget
-    assert allocator.get_paused_used() == 2
-    allocator.pause([third])  # stays active: allowed
-    assert (allocator.get_active_used(), allocator.get_paused_used()) == (1, 2)
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_pause_that_adds_no_paused_holder_passes_a_full_paused_budget(
+    engine: str, refuses: Callable[..., PrefixCacheError]
+) -> None:
+    """The paused budget bounds the blocks holding any paused reference (issue 15, item 3).
+
+    Before, the budget counted paused-only blocks: pausing a block that a
+    running request also held passed as "still active", and when that
+    request finished the block became paused-only over the budget. Now such a
+    pause takes budget; one that gives no block its *first* paused reference
+    still passes a full budget, since it adds no block the budget must cover.
+    """
+    allocator = KVBlockAllocator(
+        total_count=8, paused_count=1, block_size_tokens=2, device="cpu", engine=engine
+    )
+    first, second = allocator.allocate_memory_blocks(2).tolist()
+    allocator.acquire_blocks([first, first, second])  # three running holders of first
+    allocator.pause([first])  # first still runs, but holds a paused reference: budget full
+    assert (allocator.get_paused_used(), allocator.get_paused_avail()) == (0, 0)
+    allocator.pause([first])  # no new holder: passes the full budget
+    error = refuses(allocator, BudgetExceededError, allocator.pause, [second])
+    assert "1 more block(s)" in str(error) and "paused budget is 1" in str(error)
+    refuses(allocator, BudgetExceededError, allocator.pause, [first, second])  # one new: refused
+    allocator.release_memory_blocks([first])  # the running holder finishes: paused only
+    assert (allocator.get_paused_used(), allocator.get_paused_avail()) == (1, 0)
+    allocator.release_memory_blocks([first, first], paused=True)  # both paused references
+    allocator.pause([second])  # the budget has room again
+    assert allocator.get_paused_avail() == 0
+    allocator.check_invariants()
 
 
 def test_a_move_that_adds_no_block_passes_an_overfull_active_partition() -> None:

@@ -26,9 +26,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from prefixcache import KVBlockAllocator, PrefixCacheError
+from prefixcache import BudgetExceededError, KVBlockAllocator, PrefixCacheError
 from prefixcache.engine.defragment import DefragmentPlan
 from prefixcache.engine.native_engine import native_available
+from prefixcache.testing import changed_fields, state_digest
 
 pytestmark = pytest.mark.skipif(
     not native_available(), reason="the native engine (prefixcache.engine._native) is not built"
@@ -332,6 +333,8 @@ class DifferentialMachine(RuleBasedStateMachine):
         python, native = self.python, self.native
         assert native.stats() == python.stats()
         assert str(native) == str(python)
+        assert native.get_paused_avail() == python.get_paused_avail()
+        assert native.get_active_avail() == python.get_active_avail()
         assert native._engine.free_ids().tolist() == python.pool.free_ids().tolist()
         everything = np.arange(NUM_USABLE)
         for mine, theirs in zip(
@@ -391,3 +394,33 @@ def test_fused_path_is_bound_only_without_collaborators() -> None:
         total_count=8, device="cpu", engine="native", kv_events_capacity=10
     )
     assert type(with_events.admit_request).__name__ == "method"
+
+
+def test_a_refused_pause_is_refused_alike_and_changes_nothing() -> None:
+    """Issue 15 item 3 on both engines: the paused budget bounds blocks holding paused references.
+
+    Pausing blocks a running request still holds gives them paused references;
+    when that would exceed the budget, both engines refuse with the same
+    message and change nothing, and a pause that adds no new holder passes.
+    """
+    engines = [
+        KVBlockAllocator(total_count=8, paused_count=2, device="cpu", engine=engine)
+        for engine in ("python", "native")
+    ]
+    messages = []
+    for allocator in engines:
+        ids = allocator.allocate_memory_blocks(3).tolist()
+        allocator.acquire_blocks(ids)  # a second, running holder of each
+        allocator.pause(ids[:2])  # budget full; each block still runs
+        before = state_digest(allocator)
+        with pytest.raises(BudgetExceededError) as refused:
+            allocator.pause(ids[1:])  # ids[2] would be a third holder
+        messages.append(str(refused.value))
+        after = state_digest(allocator)
+        assert after == before, changed_fields(before, after)
+        allocator.pause(ids[1:2])  # a holder's last active reference: no new holder, passes
+        allocator.release_memory_blocks([ids[0], ids[2], ids[2]])  # the running holders finish
+        assert (allocator.get_paused_used(), allocator.get_paused_avail()) == (2, 0)
+        assert allocator._engine.find_problems() == []
+    assert messages[0] == messages[1]
+    assert "1 more block(s)" in messages[0]

@@ -74,16 +74,35 @@ def test_a_disagreement_with_the_allocator_is_caught(change, message: str) -> No
         model.check(allocator)
 
 
-def test_the_paused_budget_counts_blocks_only_paused_references_hold() -> None:
+def test_the_paused_budget_counts_blocks_holding_any_paused_reference() -> None:
     model = ReferenceModel(active=[0, 0], paused=[1, 2])
-    # Pausing one of block 0's two references adds no paused-only block.
-    assert not model.pause_exceeds(model.take(model.active, [0]), 2)
-    model = ReferenceModel(active=[0], paused=[1, 2])
-    assert model.pause_exceeds(model.take(model.active, [0]), 2)  # a third paused block
-    model = ReferenceModel(active=[0], paused=[1, 2, 5])  # over budget, and growing
+    # Block 0 still runs, but its first paused reference takes the budget's third place.
     assert model.pause_exceeds(model.take(model.active, [0]), 2)
-    model = ReferenceModel(active=[0, 0], paused=[1, 2, 5])  # over budget, not growing
+    model = ReferenceModel(active=[0], paused=[1])
+    assert not model.pause_exceeds(model.take(model.active, [0]), 2)  # fills it exactly
+    model = ReferenceModel(active=[0, 3], paused=[1])
+    assert model.pause_exceeds(model.take(model.active, [0, 1]), 2)  # two new holders, room 1
+    model = ReferenceModel(active=[1, 1], paused=[1, 2])  # full, but no new holder
     assert not model.pause_exceeds(model.take(model.active, [0]), 2)
+    assert not ReferenceModel().pause_exceeds([], 0)
+
+
+def test_a_paused_budget_the_allocator_misreports_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The model checks ``get_paused_avail()`` against the blocks holding paused references."""
+    allocator, model = _allocator(), ReferenceModel()
+    ids = allocator.allocate_memory_blocks(2).tolist()
+    model.handed_out(ids)
+    allocator.acquire_blocks(ids[:1])
+    model.active.append(ids[0])
+    allocator.pause(ids[:1])  # one block holds a paused reference and still runs
+    model.paused.append(model.active.pop(model.active.index(ids[0])))
+    model.check(allocator)
+    # What the old count said: room for every block not paused-only.
+    monkeypatch.setattr(allocator, "get_paused_avail", lambda: PAUSED_COUNT)
+    with pytest.raises(AssertionError, match="paused budget available"):
+        model.check(allocator)
 
 
 def test_the_active_budget_counts_newly_active_blocks() -> None:

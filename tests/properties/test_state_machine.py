@@ -6,8 +6,10 @@ groups), pause, resume, acquire, touch, evict and reset, plus calls that must
 fail. After every step it checks the six invariants of DESIGN.md:
 ``check_invariants()`` covers the partition, the registry maps, ancestor
 closure and the policy's tracked set; the machine adds the model's reference
-counts (invariant 2), the correctness of every prefix hit, and the rule that
-a failing call changes nothing (invariant 6).
+counts (invariant 2), the correctness of every prefix hit, the rule that
+a failing call changes nothing (invariant 6), and the paused budget: blocks
+holding any paused reference never exceed ``paused_count`` (a pause that would
+is refused, unchanged), whatever releases follow.
 """
 
 from __future__ import annotations
@@ -250,6 +252,14 @@ class AllocatorMachine(RuleBasedStateMachine):
                 assert isinstance(event, AllBlocksCleared)
                 self.resident_by_events.clear()
         assert self.resident_by_events == {h for h, _ in self.allocator.registry.items()}
+
+    @invariant()
+    def paused_holders_stay_within_the_budget(self) -> None:
+        """Issue 15 item 3: blocks holding paused references never exceed ``paused_count``."""
+        holders = len(set(self.paused))
+        assert holders <= PAUSED_COUNT, f"{holders} blocks hold paused references"
+        assert self.allocator.get_paused_avail() == PAUSED_COUNT - holders
+        assert self.allocator.get_paused_used() <= holders
 
     @invariant()
     def partition_adds_up(self) -> None:

@@ -369,11 +369,14 @@ void Engine::move(const int32_t* ids, size_t count, bool to_paused) {
   const int64_t total_active = num_active_ + now_active - was_active;
   const int64_t total_paused = num_paused_ + now_paused - was_paused;
   const int64_t total_holding = num_holding_paused_ + now_holding - was_holding;
-  // A move that adds no block to the target partition never overflows it.
-  if (to_paused && now_paused > was_paused && total_paused > paused_count_) {
-    fail(ErrorKind::kBudgetExceeded, "pausing would hold " + std::to_string(total_paused) +
-                                         " paused blocks; budget is " +
-                                         std::to_string(paused_count_));
+  // The paused budget bounds the blocks holding any paused reference (so releasing their
+  // running holders later cannot overflow it); a pause that gives no block its first paused
+  // reference always passes. A resume that activates no block never overflows the active one.
+  if (to_paused && now_holding - was_holding > paused_count_ - num_holding_paused_) {
+    fail(ErrorKind::kBudgetExceeded,
+         "pausing would give " + std::to_string(now_holding - was_holding) +
+             " more block(s) paused references (" + std::to_string(total_holding) +
+             " in all); the paused budget is " + std::to_string(paused_count_));
   }
   if (!to_paused && now_active > was_active && total_active > active_count()) {
     fail(ErrorKind::kBudgetExceeded, "resuming would hold " + std::to_string(total_active) +

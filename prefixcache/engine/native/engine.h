@@ -77,6 +77,7 @@ class Engine {
   int64_t num_free() const noexcept { return num_free_; }
   int64_t num_active() const noexcept { return num_active_; }
   int64_t num_paused() const noexcept { return num_paused_; }
+  int64_t num_holding_paused() const noexcept { return num_holding_paused_; }
   int64_t num_cached() const noexcept { return num_cached_; }
   int64_t num_registered() const noexcept { return static_cast<int64_t>(index_.size()); }
   int64_t clock() const noexcept { return counters_.clock; }

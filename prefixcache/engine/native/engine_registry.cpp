@@ -319,6 +319,11 @@ std::vector<std::string> Engine::find_problems() const {
                          std::to_string(p.counted) + " " + p.name + " blocks");
     }
   }
+  if (num_holding_paused_ > paused_count_) {
+    problems.push_back(std::to_string(num_holding_paused_) +
+                       " blocks hold paused references over a paused budget of " +
+                       std::to_string(paused_count_));
+  }
   if (num_paused_ > num_holding_paused_) {
     problems.push_back(std::to_string(num_paused_) + " paused-only blocks but only " +
                        std::to_string(num_holding_paused_) + " hold paused references");

@@ -699,6 +699,7 @@ PyObject* engine_memory_bytes(PyObject* py_self, PyObject*) {
 COUNTER_GETTER(num_free, self->engine->num_free())
 COUNTER_GETTER(num_active, self->engine->num_active())
 COUNTER_GETTER(num_paused, self->engine->num_paused())
+COUNTER_GETTER(num_holding_paused, self->engine->num_holding_paused())
 COUNTER_GETTER(num_cached, self->engine->num_cached())
 COUNTER_GETTER(num_registered, self->engine->num_registered())
 COUNTER_GETTER(clock, self->engine->clock())
@@ -722,6 +723,8 @@ PyGetSetDef g_getset[] = {
     {"num_free", get_num_free, nullptr, "Blocks on the free stack.", nullptr},
     {"num_active", get_num_active, nullptr, "Blocks with an active reference.", nullptr},
     {"num_paused", get_num_paused, nullptr, "Blocks with paused references only.", nullptr},
+    {"num_holding_paused", get_num_holding_paused, nullptr,
+     "Blocks holding any paused reference (what the paused budget bounds).", nullptr},
     {"num_cached", get_num_cached, nullptr, "Unreferenced registered blocks.", nullptr},
     {"num_registered", get_num_registered, nullptr, "Blocks carrying a hash.", nullptr},
     {"clock", get_clock, nullptr, "The logical clock.", nullptr},
