@@ -86,7 +86,8 @@ class RequestCache:
     """Admit, grow, preempt and finish requests over a :class:`TieredCache`.
 
     Methods: :meth:`admit`, :meth:`append`, :meth:`preempt`, :meth:`finish`,
-    :meth:`counters`, :meth:`begin_weight_epoch`, :meth:`hashes_of`, :meth:`epoch_of`.
+    :meth:`counters`, :meth:`begin_weight_epoch`, :meth:`hashes_of`,
+    :meth:`block_ids_of`, :meth:`epoch_of`.
 
     Not thread-safe: the scheduler thread owns it.
 
@@ -258,6 +259,14 @@ class RequestCache:
         if request is None:
             raise InvalidArgumentError(f"request {request_id!r} is unknown")
         return request.epoch
+
+    def block_ids_of(self, request_id: Hashable) -> np.ndarray:
+        """The running request's block IDs, in order (int32, a copy).
+
+        Raises:
+            InvalidArgumentError: the request is not running.
+        """
+        return np.asarray(self._running(request_id).block_ids, dtype=np.int32)
 
     def hashes_of(self, request_id: Hashable) -> list[int]:
         """Chained hashes of the running request's full blocks, in order (a copy).
