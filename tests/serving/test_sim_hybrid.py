@@ -9,6 +9,8 @@ block given back one block early, a shared partial block written without a copy.
 from __future__ import annotations
 
 import random
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
@@ -287,3 +289,12 @@ def test_bad_configuration_is_a_config_error() -> None:
         HybridBatchingSim(make(), verify=1)  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         HybridBatchingSim(object())  # type: ignore[arg-type]
+
+
+def test_the_serving_example_hits_forks_copies_and_matches_the_uncached_run(capsys) -> None:
+    example = Path(__file__).parents[2] / "examples" / "hybrid_serving.py"
+    runpy.run_path(str(example), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert "q1: reused 16 prompt tokens (state restored 1x)" in "\n".join(lines)
+    assert lines[-1].endswith("all 5 requests equal to the uncached run")
+    assert "6 copy-on-write copies" in lines[-1]
