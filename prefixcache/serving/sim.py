@@ -33,6 +33,10 @@ finished request that
 :func:`~prefixcache.serving.model_serving.compare_with_reference` checks against
 the dense model (DESIGN.md, "Serving a model").
 
+Hybrid models (linear-attention state, sliding windows, forks sharing a partial block)
+are served by :class:`~prefixcache.serving.sim_hybrid.HybridBatchingSim`, the same loop
+over a :class:`~prefixcache.serving.hybrid.HybridMemory` (DESIGN.md, "Hybrid models").
+
 >>> requests = [
 ...     SimRequest.from_tokens(i, [7] * 40 + [i], output_length=4, arrival_step=i) for i in range(6)
 ... ]
