@@ -28,6 +28,8 @@ next to go out, last), matching the stack's "bottom first".
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import torch
 from sortedcontainers import SortedList
@@ -46,9 +48,11 @@ class SortedFreeList:
     pool it does not validate released IDs (the allocator does). It keeps no
     device mirror (``device_free_ids`` is None).
 
-    State: ``_whole``, a sorted list of whole free pages; ``_partial``, a
-    sorted list of the free blocks of pages that are not whole; and
-    ``_free_in_page``, the count of free blocks per page.
+    State, for pages of several blocks: ``_whole``, a sorted list of whole
+    free pages; ``_partial``, a sorted list of the free blocks of pages that
+    are not whole; ``_free_in_page``, the count of free blocks per page. With
+    one block a page, ``_heap`` alone: a binary min-heap of the free IDs
+    (``heapq``, in C: about 5x cheaper per block than a ``SortedList``).
 
     Complexity: O(log n) per block handed out or released. Not thread-safe.
 
@@ -79,6 +83,7 @@ class SortedFreeList:
         self._free_in_page = np.zeros(self._num_pages, dtype=np.int64)
         self._whole: SortedList = SortedList()
         self._partial: SortedList = SortedList()
+        self._heap: list[int] = []
         self.num_free = 0
         self.reset()
 
@@ -102,12 +107,15 @@ class SortedFreeList:
         once. Complexity: O(total_count + k log k).
         """
         ids = np.asarray(free_ids, dtype=np.int64)
+        self.num_free = len(ids)
+        if self.page_size == 1:
+            self._heap = np.sort(ids).tolist()  # a sorted list is a heap
+            return
         counts = np.bincount(ids // self.page_size, minlength=self._num_pages)
         whole_mask = (counts == self._page_len) & (self._page_len == self.page_size)
         self._free_in_page = counts.astype(np.int64)
         self._whole = SortedList(np.flatnonzero(whole_mask).tolist())
         self._partial = SortedList(ids[~whole_mask[ids // self.page_size]].tolist())
-        self.num_free = len(ids)
 
     def acquire(self, num_blocks: int) -> np.ndarray:
         """Take ``num_blocks`` IDs in the order of the module docstring (int32 array).
@@ -129,6 +137,11 @@ class SortedFreeList:
         if num_blocks > self.num_free:
             raise CapacityError(f"asked for {num_blocks} blocks, {self.num_free} free")
         size = self.page_size
+        if size == 1:  # the lowest IDs, ascending, off the heap
+            heap, pop = self._heap, heapq.heappop
+            lowest = [pop(heap) for _ in range(num_blocks)]
+            self.num_free -= num_blocks
+            return np.asarray(lowest, dtype=np.int32)
         taken: list[int] = []
         num_pages = min(num_blocks // size, len(self._whole))
         if num_pages:
@@ -165,10 +178,10 @@ class SortedFreeList:
                 f"releasing {count} blocks, but only {self.num_usable - self.num_free} "
                 "are handed out"
             )
-        if self.page_size == 1:  # every block is its own whole page
-            ids = np.asarray(block_ids, dtype=np.int64)
-            self._whole.update(ids.tolist())
-            self._free_in_page[ids] = 1
+        if self.page_size == 1:
+            heap, push = self._heap, heapq.heappush
+            for block_id in np.asarray(block_ids).tolist():
+                push(heap, block_id)
             self.num_free += count
             return
         size, free_in_page = self.page_size, self._free_in_page
@@ -186,7 +199,10 @@ class SortedFreeList:
         self.num_free += count
 
     def free_ids(self) -> np.ndarray:
-        """The free IDs, descending (the next to go out last). Complexity: O(num_free)."""
+        """The free IDs, descending (the next to go out last). Complexity: O(n log n), n free."""
+        if self.page_size == 1:
+            out1: np.ndarray = np.sort(np.asarray(self._heap, dtype=np.int32))[::-1].copy()
+            return out1
         size = self.page_size
         pages = np.asarray(self._whole, dtype=np.int64)
         whole = (pages[:, None] * size + np.arange(size)).ravel()
@@ -197,4 +213,4 @@ class SortedFreeList:
 
     def free_pages(self) -> int:
         """How many whole pages are free (memory a paged KV store could unmap). O(1)."""
-        return len(self._whole)
+        return len(self._heap) if self.page_size == 1 else len(self._whole)
