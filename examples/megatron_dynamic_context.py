@@ -1,0 +1,159 @@
+"""Megatron-core's dynamic batching on CPU, with prefix caching through prefixcache.
+
+Needs megatron-core 0.19 (see ``../shared/bench/README.md`` for a CPU install).
+From the repository root::
+
+    python examples/megatron_dynamic_context.py
+
+One ``megatron.install()`` call makes Megatron's own ``DynamicInferenceContext``
+build prefixcache's drop-in allocator; nothing else in Megatron changes. The
+loop below is Megatron's: requests sharing a few system prompts arrive,
+``add_request`` matches and pins their cached prefix blocks, ``update_requests``
+runs one decode step (pausing, resuming and finishing requests). It runs
+three times on the same workload: Megatron's own allocator (LRU), the drop-in
+with LRU, and the drop-in with another prefixcache policy. Per run it prints
+the prefix-cache block hit rate, and the cost of the allocations that had to
+evict (Megatron's allocator scans the whole pool per eviction, the drop-in asks
+its policy for victims).
+
+Megatron's context calls ``torch.cuda`` in a few places; the shim below lets
+it run on a CPU-only machine (a demo device, not part of prefixcache).
+"""
+
+# ruff: noqa: E402  (Megatron's import-time notices are silenced before it is imported)
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+import warnings
+
+import torch
+
+warnings.filterwarnings("ignore")  # Megatron's "Transformer Engine is not installed" notices
+from megatron.core import parallel_state
+from megatron.core.inference.config import InferenceConfig, PrefixCachingEvictionPolicy
+from megatron.core.inference.contexts.dynamic_context import DynamicInferenceContext
+from megatron.core.inference.inference_request import DynamicInferenceRequest
+from megatron.core.inference.sampling_params import SamplingParams
+from megatron.core.transformer import TransformerConfig
+
+from prefixcache.integrations import megatron
+
+BLOCK_SIZE, NUM_BLOCKS, MAX_REQUESTS = 16, 1024, 32
+MODEL = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4)
+
+
+def cpu_only() -> None:
+    """Stand-ins for the ``torch.cuda`` calls Megatron's context makes, and one process group."""
+
+    class Event:
+        def __init__(self, *args: object, **kwargs: object) -> None: ...
+        def record(self, *args: object, **kwargs: object) -> None: ...
+        def synchronize(self) -> None: ...
+        def wait(self, *args: object, **kwargs: object) -> None: ...
+
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    torch.cuda.Event = Event  # type: ignore[misc,assignment]
+    torch.cuda.current_stream = lambda *args, **kwargs: Event()  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    for name in ("empty", "zeros", "ones", "full", "arange", "tensor", "empty_like", "zeros_like"):
+        make = getattr(torch, name)
+        setattr(torch, name, lambda *a, _make=make, **k: _make(*a, **{**k, "pin_memory": False}))
+    with socket.socket() as probe:  # a free port for the process group of one
+        probe.bind(("127.0.0.1", 0))
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = (
+            "127.0.0.1",
+            str(probe.getsockname()[1]),
+        )
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+
+
+def workload(num_requests: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt, tokens to generate): a system prompt (Zipf-popular), then a unique question."""
+    rng = random.Random(seed)
+    systems = [[rng.randrange(1, 32_000) for _ in range(rng.randrange(64, 600))] for _ in range(32)]
+    popularity = [1 / (rank + 1) for rank in range(len(systems))]
+    return [
+        (rng.choices(systems, popularity)[0]
+         + [rng.randrange(1, 32_000) for _ in range(rng.randrange(8, 200))],
+         rng.randrange(4, 24))
+        for _ in range(num_requests)
+    ]  # fmt: skip
+
+
+def serve(name: str, policy: object, requests: list[tuple[list[int], int]]) -> str:
+    """Megatron's dynamic-batching loop over ``requests``: hit rate and eviction cost."""
+    block_bytes = 2 * 2 * MODEL.num_layers * BLOCK_SIZE * MODEL.hidden_size  # bf16 K and V
+    context = DynamicInferenceContext(
+        MODEL,
+        InferenceConfig(
+            block_size_tokens=BLOCK_SIZE,
+            buffer_size_gb=NUM_BLOCKS * block_bytes / 1024**3,
+            max_requests=MAX_REQUESTS,
+            max_tokens=4096,
+            max_sequence_length=1024,
+            enable_prefix_caching=True,
+            prefix_caching_eviction_policy=policy,  # type: ignore[arg-type]
+        ),
+    )
+    allocator, evicting = context.kv_block_allocator, [0.0, 0]
+    allocate = allocator.allocate_memory_blocks
+
+    def timed_allocate(num_blocks: int) -> torch.Tensor | None:
+        """Megatron's call, timed when the free stack is short (the allocator must evict)."""
+        short, start = allocator.total_avail < num_blocks, time.perf_counter()
+        block_ids = allocate(num_blocks)
+        if short:
+            evicting[0] += time.perf_counter() - start
+            evicting[1] += 1
+        return block_ids
+
+    allocator.allocate_memory_blocks = timed_allocate
+    waiting, queried, started = list(enumerate(requests)), 0, time.perf_counter()
+    while waiting or context.total_request_count:
+        while waiting and context.total_request_count < MAX_REQUESTS // 2:
+            request_id, (prompt, num_generate) = waiting[0]
+            request = DynamicInferenceRequest(
+                request_id=request_id,
+                prompt_tokens=torch.tensor(prompt),
+                sampling_params=SamplingParams(num_tokens_to_generate=num_generate),
+                block_size_tokens=BLOCK_SIZE,
+                enable_prefix_caching=True,
+            )
+            if not all(context.check_availability(request)):
+                break
+            context.prefix_cache_lru_clock += 1
+            context.add_request(request)
+            queried += (len(prompt) - 1) // BLOCK_SIZE  # Megatron matches at most this many
+            waiting.pop(0)
+        context.initialize_attention_state()
+        active = slice(context.paused_request_count, context.total_request_count)
+        generated = context.request_kv_length_offsets + context.request_query_lengths
+        running = (generated[active] < context.request_output_lengths[active]).to(torch.uint8)
+        context.update_requests(running, torch.ones(len(running), dtype=torch.int64))
+    backing = getattr(allocator, "allocator", None)  # the drop-in's prefixcache allocator
+    engine = f", {backing.engine} engine" if backing is not None else ""
+    return (
+        f"{name} ({getattr(policy, 'spec', 'lru')}{engine}): hit rate "
+        f"{context.prefix_cache_blocks_matched / queried:.3f}, {evicting[1]} evicting "
+        f"allocations at {1e6 * evicting[0] / max(evicting[1], 1):.0f} us each, "
+        f"{time.perf_counter() - started:.1f} s"
+    )
+
+
+def main() -> None:
+    cpu_only()
+    requests = workload(300)
+    print(f"{len(requests)} requests, {NUM_BLOCKS} blocks of {BLOCK_SIZE} tokens")
+    print(serve("megatron-core KVBlockAllocator", PrefixCachingEvictionPolicy.LRU, requests))
+    megatron.install()  # from here on, Megatron's context builds prefixcache's allocator
+    print(serve("prefixcache drop-in", PrefixCachingEvictionPolicy.LRU, requests))
+    print(serve("prefixcache drop-in", megatron.PrefixCachePolicy("s3fifo"), requests))
+    megatron.uninstall()
+
+
+if __name__ == "__main__":
+    main()
