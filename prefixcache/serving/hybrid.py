@@ -260,6 +260,7 @@ class HybridMemory:
         Complexity: as :meth:`LayerGroups.reserve`, plus one block copy per shared tail.
         """
         self._check(request)
+        self.last_copies = []
         needed = self.groups.blocks_needed(request.slot, num_tokens)
         copies = self.tails.fresh_blocks_needed(request.slot, num_tokens)
         for pool, allocator in self.groups.allocators.items():
