@@ -107,6 +107,37 @@ def make_loop() -> type[Loop]:
     return Loop
 
 
+class DictClient:
+    """A dict behind Redis's ``mget`` and ``pipeline`` (the remote tier's whole client API)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def mget(self, keys: list[str]) -> list[bytes | None]:
+        return [self.data.get(key) for key in keys]
+
+    def pipeline(self, transaction: bool = False) -> _DictPipeline:
+        return _DictPipeline(self)
+
+
+class _DictPipeline:
+    def __init__(self, client: DictClient) -> None:
+        self.client = client
+        self.pending: list[tuple[str, bytes]] = []
+
+    def set(self, key: str, value: bytes) -> None:
+        self.pending.append((key, value))
+
+    def execute(self) -> None:
+        self.client.data.update(self.pending)
+
+
+@pytest.fixture
+def dict_client() -> type[DictClient]:
+    """The :class:`DictClient` class: an in-memory stand-in for a Redis client."""
+    return DictClient
+
+
 class RedisServer:
     """One ``redis-server`` on 127.0.0.1 for one test: no persistence, DEBUG from loopback."""
 

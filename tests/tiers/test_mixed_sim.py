@@ -1,4 +1,4 @@
-"""The tiers-level simulator: host tier, weight epochs, per-request numbers and range keys at once."""
+"""The tiers-level simulator: host tier, epochs, per-request numbers and range keys at once."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from prefixcache.errors import ConfigError, InvariantError
 from prefixcache.tiers import RangeKey
 from prefixcache.tiers.mixed_sim import MixedRequest, MixedSim, MixedSimConfig, run_mixed
+from prefixcache.tiers.remote import RemoteTier
 
 BLOCK = 8
 PLACEHOLDER = 9999  # the same token for every image: only the range key tells images apart
@@ -64,6 +65,16 @@ def test_a_mixed_workload_runs_through_every_tier_feature():
     host = report.stats["host"]
     assert host["num_retired"] > 0  # old weights' host entries dropped, a few per allocation
     assert report.stats["num_promoted_blocks"] > 0 and report.stats["weight_epoch"] >= 3
+
+
+def test_a_remote_tier_behind_a_small_host_tier_serves_the_mixed_workload(dict_client):
+    remote = RemoteTier(dict_client(), namespace="mixed")
+    config = MixedSimConfig(device_blocks=24, host_slots=8, block_size=BLOCK, max_running=4)
+    report = run_mixed(mixed_workload(60, seed=5), config, remote=remote)
+    remote.close()
+    assert report.num_finished == 60
+    assert sum(c["num_remote_hit_tokens"] for c in report.counters.values()) > 0
+    assert remote.stats().num_written > 0 and remote.stats().num_lookup_errors == 0
 
 
 def test_same_placeholders_with_another_image_share_only_the_text_before_it():

@@ -10,35 +10,13 @@ from prefixcache.tiers.remote import RemoteTier
 BLOCK = 4
 
 
-class DictClient:
-    """A dict behind Redis's ``mget`` and ``pipeline`` (the remote tier's whole client API)."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def mget(self, keys):
-        return [self.data.get(key) for key in keys]
-
-    def pipeline(self, transaction=False):
-        client, pending = self, []
-
-        class Pipeline:
-            def set(self, key, value):
-                pending.append((key, value))
-
-            def execute(self):
-                client.data.update(pending)
-
-        return Pipeline()
-
-
 def prompt(seed: int) -> list[int]:
     return [seed * 1000 + i for i in range(4 * BLOCK)]
 
 
-def busy_loop(make_loop):
+def busy_loop(make_loop, dict_client):
     """A loop whose prompts spilled device -> host -> remote, and one promoted back."""
-    remote = RemoteTier(DictClient(), namespace="m")
+    remote = RemoteTier(dict_client(), namespace="m")
     loop = make_loop(5, 2, remote=remote)
     for seed in range(1, 6):
         loop.admit(seed, prompt(seed), label="tenant-a" if seed % 2 else "tenant-b")
@@ -52,8 +30,8 @@ def busy_loop(make_loop):
     return loop, remote
 
 
-def test_the_flat_dict_follows_the_stats(make_loop):
-    loop, remote = busy_loop(make_loop)
+def test_the_flat_dict_follows_the_stats(make_loop, dict_client):
+    loop, remote = busy_loop(make_loop, dict_client)
     values = collect_tiers(loop.tiered)
     stats, rstats = loop.tiered.stats(), remote.stats()
     assert values["host_total_slots"] == 2 and values["host_used_slots"] == stats.host.num_used
@@ -71,9 +49,9 @@ def test_the_flat_dict_follows_the_stats(make_loop):
     remote.close()
 
 
-def test_prometheus_sees_the_tiers_and_the_labels(make_loop):
+def test_prometheus_sees_the_tiers_and_the_labels(make_loop, dict_client):
     prometheus = pytest.importorskip("prometheus_client")
-    loop, remote = busy_loop(make_loop)
+    loop, remote = busy_loop(make_loop, dict_client)
     registry = prometheus.CollectorRegistry()
     exporter = TierPrometheusExporter(
         loop.tiered, loop.requests, registry=registry, labels={"worker": "0"}
