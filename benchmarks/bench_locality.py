@@ -14,6 +14,12 @@ Sections (pick any; none picked runs all):
   the warm-up, the mean fragmentation figure (``stats().fragmentation``: share
   of free blocks outside the largest free run) and the share of requests
   whose blocks are one contiguous ascending run, stack vs lowest.
+- ``--page-eviction``: memory actually freed. A pool of 4,096 blocks in
+  pages of 8 (``free_list="lowest"``, ``page_size_blocks=8``) filled by
+  requests of 1..8 blocks (each prompt its own hash chain), a quarter of
+  them still running, the rest cached; then 512 blocks evicted, 64 at a
+  time. Whole free pages (memory a paged KV store can unmap) after each
+  step, plain LRU beside ``PageAwarePolicy`` (LRU inside), over 5 seeds.
 - ``--defrag``: ``plan_defragment()`` and ``apply_defragment()`` on pools of
   10^3 .. 10^6 blocks, half live (a quarter running, a quarter cached in
   chains of 8), scattered; time of each, per engine, and per moved block.
@@ -40,6 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import cpu_model
+from prefixcache.policies.page_aware import PageAwarePolicy
 
 from prefixcache import KVBlockAllocator
 from prefixcache.engine.free_list import SortedFreeList
@@ -146,6 +153,65 @@ def bench_fragmentation(size: int, steps: int) -> None:
         )
 
 
+def whole_free_pages(allocator: KVBlockAllocator, page_size: int) -> int:
+    free = np.zeros(allocator.num_usable, dtype=bool)
+    free[allocator._engine.free_ids()] = True
+    whole = allocator.num_usable // page_size * page_size
+    return int(free[:whole].reshape(-1, page_size).all(axis=1).sum())
+
+
+def paged_pool(policy: object, page_size: int, seed: int) -> KVBlockAllocator:
+    """Full pool: requests of 1..8 blocks, a quarter running, the rest cached."""
+    allocator = KVBlockAllocator(
+        total_count=4097,
+        device="cpu",
+        engine="python",
+        free_list="lowest",
+        page_size_blocks=page_size,
+        eviction_policy=policy,
+        block_size_tokens=1,
+    )
+    rng = np.random.default_rng(seed)
+    requests, next_hash = [], 1
+    while allocator.stats().num_free:
+        count = min(int(rng.integers(1, 9)), allocator.stats().num_free)
+        ids = allocator.allocate_memory_blocks(count)
+        assert ids is not None
+        allocator.register_kv_block_hashes(ids, list(range(next_hash, next_hash + count)))
+        next_hash += count
+        requests.append(ids)
+    for index in rng.permutation(len(requests)):
+        if rng.random() >= 0.25:
+            allocator.release_memory_blocks(requests[index])
+    return allocator
+
+
+def bench_page_eviction(seeds: int) -> None:
+    page_size, step, total = 8, 64, 512
+    print(f"\n## Page-aware eviction: whole free pages of {page_size} blocks after each")
+    print(f"{step} evictions (4,096 blocks, a quarter running), mean over {seeds} seeds")
+    print("| evicted | LRU pages | page-aware pages | LRU memory freed | page-aware memory freed |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    pages: dict[str, list[list[int]]] = {"lru": [], "page": []}
+    for seed in range(seeds):
+        for name in pages:
+            policy = "lru" if name == "lru" else PageAwarePolicy(page_size)
+            allocator = paged_pool(policy, page_size, seed)
+            row = []
+            for _ in range(total // step):
+                assert allocator.evict_cached_blocks(step) == step
+                row.append(whole_free_pages(allocator, page_size))
+            pages[name].append(row)
+    for index in range(total // step):
+        evicted = (index + 1) * step
+        lru = statistics.mean(row[index] for row in pages["lru"])
+        aware = statistics.mean(row[index] for row in pages["page"])
+        print(
+            f"| {evicted} | {lru:.1f} | {aware:.1f} | {lru * page_size / evicted:.0%} | "
+            f"{aware * page_size / evicted:.0%} |"
+        )
+
+
 def scattered_pool(size: int, engine: str, rng: np.random.Generator) -> KVBlockAllocator:
     """Half live at random IDs: a quarter running, a quarter cached in chains of 8."""
     allocator = KVBlockAllocator(
@@ -192,10 +258,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sorting", action="store_true")
     parser.add_argument("--fragmentation", action="store_true")
+    parser.add_argument("--page-eviction", action="store_true")
     parser.add_argument("--defrag", action="store_true")
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
     args = parser.parse_args()
-    everything = not (args.sorting or args.fragmentation or args.defrag)
+    everything = not (args.sorting or args.fragmentation or args.page_eviction or args.defrag)
     print(f"# bench_locality on {cpu_model()}, Python {platform.python_version()}")
     print(f"numpy {np.__version__}; native engine built: {native_available()}")
     sizes = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5, 10**6]
@@ -203,6 +270,8 @@ def main() -> None:
         bench_sorting(sizes, steps=50 if args.quick else 200, repeats=3 if args.quick else 7)
     if everything or args.fragmentation:
         bench_fragmentation(10**4, steps=2_000 if args.quick else 20_000)
+    if everything or args.page_eviction:
+        bench_page_eviction(seeds=2 if args.quick else 5)
     if everything or args.defrag:
         bench_defrag(sizes, repeats=2 if args.quick else 5)
 

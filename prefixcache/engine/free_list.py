@@ -211,6 +211,45 @@ class SortedFreeList:
         out: np.ndarray = ids[::-1].astype(np.int32)
         return out
 
+    def free_in_page(self, page: int) -> int:
+        """Free blocks in ``page`` (pages of several blocks). Complexity: O(1)."""
+        if self.page_size == 1:
+            raise InvalidArgumentError("free_in_page needs pages of several blocks")
+        return int(self._free_in_page[page])
+
+    def page_length(self, page: int) -> int:
+        """Blocks in ``page``: ``page_size``, or fewer for a short last page. O(1)."""
+        return int(self._page_len[page])
+
     def free_pages(self) -> int:
         """How many whole pages are free (memory a paged KV store could unmap). O(1)."""
         return len(self._heap) if self.page_size == 1 else len(self._whole)
+
+
+def bind_page_policy(policy: object, pool: object, active: np.ndarray, paused: np.ndarray) -> None:
+    """Give a page-aware policy (one with ``bind_free_counts``) each page's block counts.
+
+    Free counts and lengths come from the free list; held counts (blocks
+    with any reference) from the engine's ``active`` and ``paused`` arrays,
+    which keep their identity for the engine's lifetime.
+
+    Raises:
+        ConfigError: the policy is page-aware but the free list is not a
+            :class:`SortedFreeList` with pages of the policy's ``page_size``.
+    """
+    bind = getattr(policy, "bind_free_counts", None)
+    if not callable(bind):
+        return
+    page_size = getattr(policy, "page_size", None)
+    if not isinstance(pool, SortedFreeList) or pool.page_size != page_size or page_size == 1:
+        raise ConfigError(
+            f"{type(policy).__name__}(page_size={page_size}) needs free_list='lowest' "
+            f"and page_size_blocks={page_size} (> 1)"
+        )
+    size = pool.page_size
+
+    def held_in_page(page: int) -> int:
+        start = page * size
+        return int(np.count_nonzero(active[start : start + size] | paused[start : start + size]))
+
+    bind(pool.free_in_page, pool.page_length, held_in_page)

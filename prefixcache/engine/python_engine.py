@@ -7,7 +7,7 @@ import numpy as np
 from prefixcache.engine.core import EngineCounters
 from prefixcache.engine.defragment import relocate_blocks
 from prefixcache.engine.eviction import EvictionPlanner
-from prefixcache.engine.free_list import SortedFreeList
+from prefixcache.engine.free_list import SortedFreeList, bind_page_policy
 from prefixcache.engine.invariants import find_invariant_problems
 from prefixcache.engine.journal import PolicyJournal
 from prefixcache.engine.partitions import PartitionLedger
@@ -76,6 +76,8 @@ class PythonEngine:
         self.num_usable = total_count - 1
         self.registry = HashRegistry(total_count)
         self.refs = ReferenceTable(total_count)
+        # A page-aware policy reads each page's free and held block counts.
+        bind_page_policy(policy, self.pool, self.refs.active, self.refs.paused)
         self.ledger = PartitionLedger(self.num_usable, paused_count)
         self.paused_count = paused_count
         self.active_count = self.ledger.active_count
