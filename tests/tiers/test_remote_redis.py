@@ -58,17 +58,29 @@ def on_server(server, remote, loop, seed: int) -> bool:
 
 
 def put_to_sleep(server, seconds: float) -> threading.Thread:
-    """Block the server with DEBUG SLEEP from another thread; return once it stops answering."""
+    """Block the server with DEBUG SLEEP from another thread; return once it stops answering.
+
+    The sleeper's client connects first and says when it sends; a ping after that
+    which times out means the server is inside the sleep (it serves in order).
+    """
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    sleeper = threading.Thread(
-        target=lambda: server.client().execute_command("DEBUG", "SLEEP", str(seconds))
-    )
+    client = server.client()
+    client.ping()  # connected: the DEBUG command goes out at once
+    sending = threading.Event()
+
+    def sleep() -> None:
+        sending.set()
+        client.execute_command("DEBUG", "SLEEP", str(seconds))
+        client.close()
+
+    sleeper = threading.Thread(target=sleep)
     sleeper.start()
-    probe = server.client(socket_timeout=0.02, retry=Retry(NoBackoff(), 0))
-    for _ in range(500):
+    assert sending.wait(10)
+    probe = server.client(socket_timeout=0.1, retry=Retry(NoBackoff(), 0))
+    for _ in range(100):
         try:
             probe.ping()
         except redis.TimeoutError:
@@ -168,9 +180,9 @@ def test_a_slow_server_is_a_miss_then_serves_again(redis_server, make_loop):
     remote_a.flush()
     assert on_server(redis_server, remote_a, a, 1) and on_server(redis_server, remote_a, a, 2)
 
-    remote_b = connect(redis_server.url, namespace="slow", timeout_s=0.05)
+    remote_b = connect(redis_server.url, namespace="slow", timeout_s=0.3)
     b = make_loop(9, 8, remote=remote_b)
-    sleeper = put_to_sleep(redis_server, 1.0)
+    sleeper = put_to_sleep(redis_server, 2.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         admission = b.requests.admit("slow", prompt(1))  # times out: a miss
@@ -197,7 +209,7 @@ def test_a_full_write_queue_drops_and_counts_on_a_real_server(redis_server):
     remote = connect(
         redis_server.url, namespace="drops", timeout_s=5.0, queue_capacity=2, batch_size=1
     )
-    sleeper = put_to_sleep(redis_server, 0.5)  # the writer blocks on its first send
+    sleeper = put_to_sleep(redis_server, 1.0)  # the writer blocks on its first send
     accepted = [remote.submit(h, b"v%d" % h) for h in range(20)]
     sleeper.join()
     remote.flush()
