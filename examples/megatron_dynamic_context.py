@@ -1,48 +1,48 @@
 """Megatron-core's dynamic batching on CPU, with prefix caching through prefixcache.
 
-Needs megatron-core 0.19 (see ``../shared/bench/README.md`` for a CPU install).
-From the repository root::
+Needs megatron-core 0.19 (``../shared/bench/README.md`` installs it for CPU). Run
+``python examples/megatron_dynamic_context.py`` from the repository root.
 
-    python examples/megatron_dynamic_context.py
-
-One ``megatron.install()`` call makes Megatron's own ``DynamicInferenceContext``
-build prefixcache's drop-in allocator; nothing else in Megatron changes. The
-loop below is Megatron's: requests sharing a few system prompts arrive,
-``add_request`` matches and pins their cached prefix blocks, ``update_requests``
-runs one decode step (pausing, resuming and finishing requests). It runs
-three times on the same workload: Megatron's own allocator (LRU), the drop-in
-with LRU, and the drop-in with another prefixcache policy. Per run it prints
-the prefix-cache block hit rate, and the cost of the allocations that had to
-evict (Megatron's allocator scans the whole pool per eviction, the drop-in asks
-its policy for victims).
-
-Megatron's context calls ``torch.cuda`` in a few places; the shim below lets
-it run on a CPU-only machine (a demo device, not part of prefixcache).
+One ``megatron.install()`` makes Megatron's own ``DynamicInferenceContext`` build
+prefixcache's drop-in allocator; nothing else in Megatron changes. The loop is
+Megatron's (``add_request`` matches and pins cached prefix blocks, ``update_requests``
+runs a decode step, pausing, resuming and finishing requests), run on one workload
+with Megatron's allocator, the drop-in with LRU, and the drop-in with s3fifo. Each
+run prints the block hit rate and the cost of the allocations that had to evict
+(Megatron's allocator scans its pool, the drop-in asks its policy). The ``torch.cuda``
+shim lets Megatron's context run on a CPU-only machine (a demo, not prefixcache).
 """
 
-# ruff: noqa: E402  (Megatron's import-time notices are silenced before it is imported)
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import socket
 import time
 import warnings
+from typing import Any
 
 import torch
 
-warnings.filterwarnings("ignore")  # Megatron's "Transformer Engine is not installed" notices
-from megatron.core import parallel_state
-from megatron.core.inference.config import InferenceConfig, PrefixCachingEvictionPolicy
-from megatron.core.inference.contexts.dynamic_context import DynamicInferenceContext
-from megatron.core.inference.inference_request import DynamicInferenceRequest
-from megatron.core.inference.sampling_params import SamplingParams
-from megatron.core.transformer import TransformerConfig
-
 from prefixcache.integrations import megatron
 
+warnings.filterwarnings("ignore")  # Megatron's "Transformer Engine is not installed" notices
+
+
+def megatron_core(name: str) -> Any:
+    """A megatron-core module (imported by name: it ships no type information)."""
+    return importlib.import_module(f"megatron.core.{name}")
+
+
+config = megatron_core("inference.config")
+contexts = megatron_core("inference.contexts.dynamic_context")
+DynamicInferenceRequest = megatron_core("inference.inference_request").DynamicInferenceRequest
+SamplingParams = megatron_core("inference.sampling_params").SamplingParams
 BLOCK_SIZE, NUM_BLOCKS, MAX_REQUESTS = 16, 1024, 32
-MODEL = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4)
+MODEL = megatron_core("transformer").TransformerConfig(
+    num_layers=2, hidden_size=32, num_attention_heads=4
+)
 
 
 def cpu_only() -> None:
@@ -54,10 +54,11 @@ def cpu_only() -> None:
         def synchronize(self) -> None: ...
         def wait(self, *args: object, **kwargs: object) -> None: ...
 
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-    torch.cuda.Event = Event  # type: ignore[misc,assignment]
-    torch.cuda.current_stream = lambda *args, **kwargs: Event()  # type: ignore[assignment]
-    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    cuda: Any = torch.cuda
+    cuda.current_device = lambda: "cpu"
+    cuda.Event = Event
+    cuda.current_stream = lambda *args, **kwargs: Event()
+    cuda.synchronize = lambda *args, **kwargs: None
     for name in ("empty", "zeros", "ones", "full", "arange", "tensor", "empty_like", "zeros_like"):
         make = getattr(torch, name)
         setattr(torch, name, lambda *a, _make=make, **k: _make(*a, **{**k, "pin_memory": False}))
@@ -68,7 +69,7 @@ def cpu_only() -> None:
             str(probe.getsockname()[1]),
         )
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
+    megatron_core("parallel_state").initialize_model_parallel(1, 1)
 
 
 def workload(num_requests: int, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -87,16 +88,16 @@ def workload(num_requests: int, seed: int = 0) -> list[tuple[list[int], int]]:
 def serve(name: str, policy: object, requests: list[tuple[list[int], int]]) -> str:
     """Megatron's dynamic-batching loop over ``requests``: hit rate and eviction cost."""
     block_bytes = 2 * 2 * MODEL.num_layers * BLOCK_SIZE * MODEL.hidden_size  # bf16 K and V
-    context = DynamicInferenceContext(
+    context = contexts.DynamicInferenceContext(
         MODEL,
-        InferenceConfig(
+        config.InferenceConfig(
             block_size_tokens=BLOCK_SIZE,
             buffer_size_gb=NUM_BLOCKS * block_bytes / 1024**3,
             max_requests=MAX_REQUESTS,
             max_tokens=4096,
             max_sequence_length=1024,
             enable_prefix_caching=True,
-            prefix_caching_eviction_policy=policy,  # type: ignore[arg-type]
+            prefix_caching_eviction_policy=policy,
         ),
     )
     allocator, evicting = context.kv_block_allocator, [0.0, 0]
@@ -148,9 +149,9 @@ def main() -> None:
     cpu_only()
     requests = workload(300)
     print(f"{len(requests)} requests, {NUM_BLOCKS} blocks of {BLOCK_SIZE} tokens")
-    print(serve("megatron-core KVBlockAllocator", PrefixCachingEvictionPolicy.LRU, requests))
+    print(serve("megatron-core KVBlockAllocator", config.PrefixCachingEvictionPolicy.LRU, requests))
     megatron.install()  # from here on, Megatron's context builds prefixcache's allocator
-    print(serve("prefixcache drop-in", PrefixCachingEvictionPolicy.LRU, requests))
+    print(serve("prefixcache drop-in", config.PrefixCachingEvictionPolicy.LRU, requests))
     print(serve("prefixcache drop-in", megatron.PrefixCachePolicy("s3fifo"), requests))
     megatron.uninstall()
 
