@@ -31,7 +31,7 @@ import importlib
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -40,10 +40,9 @@ from prefixcache.cluster import add_cluster_arguments, cluster_main
 from prefixcache.errors import InvalidArgumentError, PrefixCacheError
 from prefixcache.serving.trace import TraceRequest, load_mooncake_trace, sample_trace_path
 from prefixcache.tiers import UNUSABLE_POLICIES, TieredReplayResult, replay_tiered
+from prefixcache.tools.compare_report import results_table, share_table, write_plot
 from prefixcache.tools.replay import (
     OPTIMUM_POLICY,
-    ConcurrentReplayResult,
-    ReplayResult,
     replay,
     replay_concurrent,
 )
@@ -57,9 +56,6 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 BYTES_PER_BLOCK = 512
 """A bound on the host memory one block of capacity costs a replay (the allocator
 measures about 185 bytes a cached block; policies, hashes and the trace add to it)."""
-
-Results = Mapping[tuple[str, int], ReplayResult | ConcurrentReplayResult]
-"""Replay results by (policy, capacity)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -151,6 +147,11 @@ def _parser() -> argparse.ArgumentParser:
         "--plot", type=Path, default=None, help=f"PNG to write (default: {DEFAULT_PLOT})"
     )
     plot.add_argument("--no-plot", action="store_true", help="do not write a plot")
+    many.add_argument(
+        "--table",
+        action="store_true",
+        help="also print each policy's share of the optimum per capacity (policy x capacity)",
+    )
     many.add_argument(
         "--concurrency",
         action="store_true",
@@ -374,11 +375,13 @@ def _run_compare(args: argparse.Namespace) -> int:
         for name in names
     }
     print(f"{path.name}: {len(requests)} requests, {_MODES[args.concurrency]}\n")
-    print(_table(results, names, args.capacities))
+    print(results_table(results, names, args.capacities))
+    if args.table:
+        print(f"\n{share_table(results, names, args.capacities)}")
     if args.no_plot:
         return 0
     title = f"{path.name}, {'with' if args.concurrency else 'no'} concurrency"
-    return _write_plot(results, names, args.capacities, args.plot_target, title)
+    return write_plot(results, names, args.capacities, args.plot_target, title)
 
 
 _MODES = {
@@ -397,63 +400,3 @@ def _has_sim() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _table(results: Results, names: Sequence[str], capacities: Sequence[int]) -> str:
-    """A markdown table, one row per policy and capacity."""
-    lines = [
-        "| policy | capacity | hit rate | of optimum | tokens saved | evictions | req/s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for capacity in capacities:
-        optimum = results[OPTIMUM_POLICY, capacity].hit_rate
-        for name in names:
-            result = results[name, capacity]
-            share = f"{result.hit_rate / optimum:.2f}" if optimum else "-"
-            lines.append(
-                f"| {name} | {capacity:,} | {result.hit_rate:.3f} | {share} "
-                f"| {result.tokens_saved:,} | {result.evictions:,} "
-                f"| {result.requests_per_second:,.0f} |"
-            )
-    return "\n".join(lines)
-
-
-def _write_plot(
-    results: Results,
-    names: Sequence[str],
-    capacities: Sequence[int],
-    target: Path,
-    title: str,
-) -> int:
-    """Plot hit rate against capacity to ``target``; without matplotlib, say so.
-
-    ``--plot`` without matplotlib was refused before the replays; only the
-    default plot is skipped with a note.
-    """
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        print("note: no plot written; install matplotlib (pip install 'prefixcache[plot]')")
-        return 0
-    figure = Figure(figsize=(7, 4.5), layout="constrained")
-    axes = figure.add_subplot()
-    xs = sorted(capacities)
-    for name in names:
-        ys = [results[name, capacity].hit_rate for capacity in xs]
-        if name == OPTIMUM_POLICY:
-            axes.plot(xs, ys, "o--", color="black", label=f"{name} (offline optimum)")
-        else:
-            axes.plot(xs, ys, "o-", label=name)
-    if min(xs) > 0 and max(xs) > 10 * min(xs):
-        axes.set_xscale("log")
-        axes.minorticks_off()
-    axes.set_xticks(xs, [f"{capacity:,}" for capacity in xs])
-    axes.set_xlabel("capacity (blocks of 512 tokens)")
-    axes.set_ylabel("prefix hit rate")
-    axes.set_ylim(bottom=0)
-    axes.grid(True, alpha=0.3)
-    axes.legend()
-    axes.set_title(f"Prefix hit rate by eviction policy ({title})")
-    figure.savefig(target, dpi=120)
-    print(f"plot written to {target}")
-    return 0
