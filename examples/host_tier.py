@@ -1,6 +1,7 @@
 """A host tier behind the device pool: evicted prefixes come back by copy, not recompute.
 
-Also shows a weight update without draining and per-request cached-token numbers.
+Also shows a weight update without draining, per-request cached-token numbers and range
+keys for images (the same placeholder tokens, different pictures).
 Run: python examples/host_tier.py
 """
 
@@ -8,7 +9,14 @@ import torch
 
 from prefixcache import KVBlockAllocator
 from prefixcache.serving.kv_cache import KVCache
-from prefixcache.tiers import HostKVStore, HostTier, KVTransfer, RequestCache, TieredCache
+from prefixcache.tiers import (
+    HostKVStore,
+    HostTier,
+    KVTransfer,
+    RangeKey,
+    RequestCache,
+    TieredCache,
+)
 
 BLOCK = 4
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -20,9 +28,9 @@ kv = KVCache(2, 9, BLOCK, k_heads=2, k_head_dim=8, dtype=torch.float32, device=d
 transfer = KVTransfer(kv, HostKVStore(kv, 32))  # pinned host memory on CUDA
 
 
-def serve(name: str, tokens: list[int]) -> None:
+def serve(name: str, tokens: list[int], ranges: tuple[RangeKey, ...] = ()) -> None:
     """Admit a request, run its copies, "compute" what missed, finish it."""
-    admission = requests.admit(name, tokens)
+    admission = requests.admit(name, tokens, ranges=ranges)
     assert admission is not None
     transfer.run(tiered.take_transfer())  # demotions first: they read blocks about to be reused
     transfer.wait()  # the compute stream waits for the copies; the host does not
@@ -56,3 +64,9 @@ print(
 )
 print("counters:", requests.counters()["default"])
 tiered.check()
+
+# An image covers placeholder tokens that are the same for every image: its range key goes
+# into the hashes of the blocks it covers, so only the text before it is shared.
+text, placeholders = list(range(900, 908)), [0] * 8
+serve("cat picture", text + placeholders, (RangeKey(8, 16, "sha256-of-cat.png"),))
+serve("dog picture", text + placeholders, (RangeKey(8, 16, "sha256-of-dog.png"),))

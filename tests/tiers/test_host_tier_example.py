@@ -14,3 +14,5 @@ def test_the_example_promotes_from_the_host_tier(capsys):
     assert "second read: 24 tokens, 24 cached (8 on the device, 16 from the host tier)" in out
     assert "after the update: 24 tokens, 0 cached" in out
     assert "demoted 8, promoted 4, weight epoch 1" in out
+    assert "cat picture: 16 tokens, 0 cached" in out
+    assert "dog picture: 16 tokens, 8 cached (8 on the device" in out  # the text, not the image
