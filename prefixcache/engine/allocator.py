@@ -41,7 +41,7 @@ from prefixcache.errors import (
     InvalidArgumentError,
     InvariantError,
 )
-from prefixcache.policies import EvictionPolicy, has_hook
+from prefixcache.policies import EvictionPolicy, has_hook, is_transactional
 
 _SENTINEL_HASHES = (0, -1)
 
@@ -538,6 +538,9 @@ class KVBlockAllocator(
             ConfigError: the configured policy has no retention priorities.
             InvalidTensorError, InvalidArgumentError: malformed hashes,
                 priority or duration.
+            Whatever the policy raises; the calls run in one policy
+                transaction, so none of the priorities is kept (a legacy
+                policy without transactions keeps those set before).
 
         Complexity: O(k) policy calls.
         """
@@ -551,8 +554,20 @@ class KVBlockAllocator(
         if duration is not None:
             duration = require_int(duration, "duration", minimum=0, maximum=MAX_CLOCK)
         expires_at = None if duration is None else self._engine.clock + duration
-        for block_hash in hashes:
-            self.policy.set_retention(block_hash, priority, expires_at)
+        policy = self.policy
+        # One policy transaction: a policy that raises midway keeps none of the priorities.
+        transactional = is_transactional(policy)
+        if transactional:
+            policy.begin()
+        try:
+            for block_hash in hashes:
+                policy.set_retention(block_hash, priority, expires_at)
+        except BaseException:
+            if transactional:
+                policy.abort()
+            raise
+        if transactional:
+            policy.commit()
 
     def evict_cached_blocks(self, num_blocks: int) -> int:
         """Evict up to ``num_blocks`` cached blocks through the policy.
