@@ -215,7 +215,8 @@ class ToyHybridModel:
     ) -> torch.Tensor:
         k_heads, k_dim, v_heads, v_dim = spec.kv_shape
         q = (x @ params[0]).view(k_heads, k_dim)
-        scores = torch.einsum("hd,thd->ht", q, keys.float()) / math.sqrt(k_dim)
+        # Broadcast products and sums, not einsum: ~6x faster on these tiny tensors.
+        scores = (keys.float() * q).sum(dim=2).T / math.sqrt(k_dim)  # [heads, tokens]
         if v_dim == 0:  # an indexer: the best score of each head
             return scores.amax(dim=1) @ params[3][:k_heads]
         # Softmax by hand, with amax: on tiny CPU tensors torch.softmax and max(dim) took
@@ -224,7 +225,7 @@ class ToyHybridModel:
         weights = weights / weights.sum(dim=1, keepdim=True)
         if v_heads != k_heads:
             weights = weights.mean(dim=0, keepdim=True).expand(v_heads, -1)
-        mixed = torch.einsum("ht,thd->hd", weights, values.float()).reshape(-1)
+        mixed = (weights.T[:, :, None] * values.float()).sum(dim=0).reshape(-1)
         return mixed @ params[3][: v_heads * v_dim]
 
     @staticmethod
@@ -241,4 +242,4 @@ class ToyHybridModel:
         q, k = (c @ w_q).view(heads, k_dim), (c @ w_k).view(heads, k_dim)
         v = (c @ w_v).view(heads, v_dim)
         state.mul_(_DECAY).add_(k[:, :, None] * v[:, None, :])
-        return torch.einsum("hk,hkv->hv", q, state).reshape(-1) @ w_out
+        return (q[:, :, None] * state).sum(dim=1).reshape(-1) @ w_out
