@@ -11,7 +11,17 @@ their methods raises :class:`InjectedFault`:
 - the pool: the allocator instance's ``pool`` methods, monkeypatched;
 - the hash function: ``prefixcache.engine.hashing.compute_block_hashes``,
   monkeypatched (both :meth:`~KVBlockAllocator.hash_tokens` and
-  :meth:`~KVBlockAllocator.fingerprint_tokens` go through it).
+  :meth:`~KVBlockAllocator.fingerprint_tokens` go through it);
+- the policy's hooks beyond the core (``on_register`` and ``set_retention``
+  where the wrapped policy has them, ``relocate``);
+- the facade's collaborators: the KV event log (``record_*``) and the MoE
+  routing store (``clear``, ``clear_all``, ``swap_rows``), monkeypatched per
+  instance like the pool;
+- the KV copy callback of :meth:`~KVBlockAllocator.apply_defragment`.
+
+Beside the engine's own calls, the program runs the composed paths above it:
+``admit_request`` / ``release_request`` / ``allocate_block_ids`` (the request
+path on the Python engine), ``set_retention_priority`` and defragmentation.
 
 A seeded random program of public calls runs against one allocator. Before
 each call, a deep copy runs it with no fault to count the ``k`` wrapped calls
@@ -150,6 +160,74 @@ class FaultyPolicy(EvictionPolicy):
         return self.inner.evicts_first(block_id, block_hash, last_access, num_accesses, depth)
 
 
+class _HookForwarders:
+    """The policy hooks beyond the core, each ticking the plan (see :func:`faulty_policy`)."""
+
+    inner: Any
+    plan: FaultPlan
+
+    def on_register(self, block_hashes: list[int], first_depth: int) -> None:
+        self.plan.tick("policy.on_register")
+        self.inner.on_register(block_hashes, first_depth)
+
+    def set_retention(self, block_hash: int, priority: int, expires_at: int | None) -> None:
+        self.plan.tick("policy.set_retention")
+        self.inner.set_retention(block_hash, priority, expires_at)
+
+    def relocate(
+        self,
+        old_id: int,
+        new_id: int,
+        block_hash: int,
+        last_access: int,
+        num_accesses: int,
+        depth: int,
+    ) -> None:
+        self.plan.tick("policy.relocate")
+        self.inner.relocate(old_id, new_id, block_hash, last_access, num_accesses, depth)
+
+
+OPTIONAL = ("on_register", "set_retention")
+
+
+def faulty_policy(inner: Any, plan: FaultPlan) -> FaultyPolicy:
+    """A :class:`FaultyPolicy` with the optional hooks ``inner`` has (so ``has_hook`` agrees).
+
+    ``relocate`` is no optional hook (the base class has a default), so it
+    always forwards to the inner policy's own.
+    """
+    hooks = {name: getattr(_HookForwarders, name) for name in OPTIONAL if has_hook(inner, name)}
+    hooks["relocate"] = _HookForwarders.relocate
+    cls = type(f"Faulty{type(inner).__name__}", (FaultyPolicy,), hooks)
+    return cls(inner, plan)
+
+
+EVENT_METHODS = ("record_stored", "record_removed", "record_cleared")
+ROUTING_METHODS = ("clear", "clear_all", "swap_rows")
+
+
+def instrument_collaborators(allocator: KVBlockAllocator, plan: FaultPlan) -> None:
+    """Monkeypatch the event log's and routing store's mutators to tick ``plan`` first."""
+    for owner, names in ((allocator.events, EVENT_METHODS), (allocator.routing, ROUTING_METHODS)):
+        if owner is None:
+            continue
+        prefix = "events" if owner is allocator.events else "routing"
+        for name in names:
+            method = getattr(type(owner), name).__get__(owner)
+
+            def wrapper(*args: Any, _method: Any = method, _name: str = f"{prefix}.{name}") -> Any:
+                plan.tick(_name)
+                return _method(*args)
+
+            setattr(owner, name, wrapper)
+
+
+def instrument(allocator: KVBlockAllocator, plan: FaultPlan) -> None:
+    """Every wrapped collaborator of ``allocator``: the pool, the event log, the routing store."""
+    instrument_pool(allocator, plan)
+    instrument_collaborators(allocator, plan)
+
+
 def instrument_pool(allocator: KVBlockAllocator, plan: FaultPlan) -> None:
     """Monkeypatch the public methods of ``allocator.pool`` to tick ``plan`` first.
 
@@ -241,8 +319,18 @@ def next_step(rng: random.Random, allocator: KVBlockAllocator, model: Model) -> 
             "hash_tokens",
             "fingerprint_tokens",
             "reset",
+            "admit_request",
+            "admit_request",
+            "release_request",
+            "allocate_block_ids",
+            "set_retention_priority",
+            "apply_defragment",
         ]
     )
+    if kind in ("admit_request", "release_request", "allocate_block_ids"):
+        return request_path_step(rng, kind, model)
+    if kind in ("set_retention_priority", "apply_defragment"):
+        return policy_hook_step(rng, kind, allocator, model)
     if kind == "allocate":
         room = allocator.pool.num_free + allocator.get_evictable_block_count()
         num = rng.choice([rng.randint(0, 3), max(0, room - rng.randint(0, 1))])  # may evict
@@ -354,6 +442,66 @@ def next_step(rng: random.Random, allocator: KVBlockAllocator, model: Model) -> 
     return Step("reset", lambda a: a.reset(), commit_reset)
 
 
+def request_path_step(rng: random.Random, kind: str, model: Model) -> Step:
+    """A call of the request path (composed from the engine's primitives on this engine)."""
+    if kind == "admit_request":
+        prompt = (
+            [*rng.choice(model.prompts), rng.randint(0, 2)]
+            if model.prompts and rng.random() < 0.6
+            else [rng.randint(0, 2) for _ in range(rng.randint(1, 7))]
+        )
+        row = np.full(-(-len(prompt) // BLOCK_SIZE), -1, dtype=np.int32)
+
+        def admitted(_: Any) -> None:
+            model.active.extend(row.tolist())
+            model.prompts.append(prompt[: len(prompt) // BLOCK_SIZE * BLOCK_SIZE] or [0, 0])
+
+        return Step("admit_request", lambda a: a.admit_request(prompt, row), admitted)
+    if kind == "allocate_block_ids":
+        num = rng.randint(0, 3)
+        return Step(
+            "allocate_block_ids",
+            lambda a: a.allocate_block_ids(num),
+            lambda ids: model.active.extend([] if ids is None else list(ids.tolist())),
+        )
+    taken = _pick(rng, model.active, 4)
+    model.active.extend(taken)
+
+    def released(_: Any) -> None:
+        for block_id in taken:
+            model.active.remove(block_id)
+
+    return Step("release_request", lambda a: a.release_request(taken), released)
+
+
+def policy_hook_step(
+    rng: random.Random, kind: str, allocator: KVBlockAllocator, model: Model
+) -> Step:
+    """A call that drives the policy's optional hooks: retention or defragmentation."""
+    if kind == "set_retention_priority":
+        resident = [h for h, _ in allocator.registry.items()]
+        hashes = rng.sample(resident, min(3, len(resident)))
+        priority, duration = rng.randint(0, 5), rng.choice([None, 3])
+        return Step(
+            "set_retention_priority",
+            lambda a: a.set_retention_priority(hashes, priority, duration=duration),
+            lambda _: None,
+        )
+    plan = allocator.plan_defragment()
+    moved = dict(zip(plan.sources, plan.destinations, strict=True))
+    faults: FaultPlan = allocator.policy.plan
+
+    def copy_kv(sources: Any, destinations: Any) -> None:
+        """The KV storage's copy: a fault here must leave every block where it was."""
+        faults.tick("kv.copy")
+
+    def renamed(_: Any) -> None:
+        for held in (model.active, model.paused):
+            held[:] = [moved.get(block_id, block_id) for block_id in held]
+
+    return Step("apply_defragment", lambda a: a.apply_defragment(plan, copy=copy_kv), renamed)
+
+
 @dataclass(frozen=True)
 class Violation:
     """A failed call that changed state."""
@@ -377,6 +525,8 @@ class Report:
 
     fault_points: dict[str, int] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
+    known_gaps: dict[str, list[Violation]] = field(default_factory=dict)
+    wrapped_calls: set[str] = field(default_factory=set)
 
     def for_method(self, method: str) -> list[Violation]:
         return [v for v in self.violations if v.method == method]
@@ -387,7 +537,7 @@ def inject_everywhere(
 ) -> None:
     """Run ``step`` on copies of ``allocator`` with a fault at each wrapped call in turn."""
     probe = copy.deepcopy(allocator)
-    instrument_pool(probe, plan)
+    instrument(probe, plan)
     plan.arm(0)
     try:
         step.call(probe)
@@ -396,10 +546,11 @@ def inject_everywhere(
     finally:
         plan.disarm()
     sequence = tuple(plan.calls)
+    report.wrapped_calls.update(sequence)
     report.fault_points[step.method] = report.fault_points.get(step.method, 0) + len(sequence)
     for fail_at in range(1, len(sequence) + 1):
         victim = copy.deepcopy(allocator)
-        instrument_pool(victim, plan)
+        instrument(victim, plan)
         before = full_digest(victim)
         plan.arm(fail_at)
         try:
@@ -409,16 +560,57 @@ def inject_everywhere(
         finally:
             plan.disarm()
         after = full_digest(victim)
-        if before != after:
-            report.violations.append(
-                Violation(
-                    step.method,
-                    fail_at,
-                    sequence[fail_at - 1],
-                    sequence,
-                    tuple(changed_fields(before, after)),
-                )
+        wrapped = sequence[fail_at - 1]
+        problems = tuple(victim._engine.find_problems())
+        if problems:  # never tolerated: the engine's own books disagree
+            report.violations.append(Violation(step.method, fail_at, wrapped, sequence, problems))
+        elif before != after:
+            violation = Violation(
+                step.method, fail_at, wrapped, sequence, tuple(changed_fields(before, after))
             )
+            gap = known_gap(step.method, wrapped, violation.changed)
+            if gap is None:
+                report.violations.append(violation)
+            else:
+                report.known_gaps.setdefault(gap, []).append(violation)
+
+
+AFTER_COMMIT = "a collaborator that runs after the engine committed"
+ADMIT_AFTER_HIT = "admit_request after the prefix hit is pinned"
+RESET_POOL_FAULT = "reset when the pool fails after the policy was cleared"
+KNOWN_GAPS = {
+    AFTER_COMMIT: (
+        "the KV event log and the routing store are updated after the engine has "
+        "committed a call (they hear what it freed or registered); they are the library's "
+        "own bookkeeping, with no third-party code or device I/O, so a fault there can only "
+        "be a bug or an exhausted interpreter; the engine stays consistent (checked)"
+    ),
+    ADMIT_AFTER_HIT: (
+        "the composed admit_request pins the cached prefix (take_hit), then allocates and "
+        "registers; a policy or pool fault in the later steps leaves the hit's references "
+        "taken (tests/faults/test_request_path_faults.py pins it as a strict xfail)"
+    ),
+    RESET_POOL_FAULT: (
+        "reset clears the policy (not transactional, by the policy contract) before the "
+        "pool; when the pool's device copy fails, the engine inserts the cached leaves "
+        "again: every leaf is tracked, but a policy that keeps history (s3fifo's queues) "
+        "may order them differently; only the policy's order may differ"
+    ),
+}
+"""Digest changes the harness reports apart, each with why it is not (yet) a violation."""
+
+
+def known_gap(method: str, wrapped_call: str, changed: tuple[str, ...]) -> str | None:
+    """The :data:`KNOWN_GAPS` entry a digest change falls under, or None (a violation)."""
+    if wrapped_call.startswith(("events.", "routing.")):
+        return AFTER_COMMIT
+    if method == "admit_request" and not wrapped_call.startswith("hashing."):
+        return ADMIT_AFTER_HIT
+    if (method, wrapped_call) == ("reset", "pool.reset") and all(
+        line.startswith("policy_order:") for line in changed
+    ):
+        return RESET_POOL_FAULT
+    return None
 
 
 def run_program(policy_name: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> Report:
@@ -429,7 +621,7 @@ def run_program(policy_name: str, seed: int, monkeypatch: pytest.MonkeyPatch) ->
         total_count=TOTAL_COUNT,
         paused_count=PAUSED_COUNT,
         block_size_tokens=BLOCK_SIZE,
-        eviction_policy=FaultyPolicy(policies.get(policy_name), plan),
+        eviction_policy=faulty_policy(policies.get(policy_name), plan),
         device="cpu",
         kv_events_capacity=1_000,
         routing_num_layers=1,
@@ -460,6 +652,9 @@ def report_for(policy_name: str, monkeypatch: pytest.MonkeyPatch) -> Report:
         for seed in SEEDS:
             report = run_program(policy_name, seed, monkeypatch)
             merged.violations.extend(report.violations)
+            merged.wrapped_calls |= report.wrapped_calls
+            for gap, seen in report.known_gaps.items():
+                merged.known_gaps.setdefault(gap, []).extend(seen)
             for method, count in report.fault_points.items():
                 merged.fault_points[method] = merged.fault_points.get(method, 0) + count
         _REPORTS[policy_name] = merged
@@ -484,6 +679,11 @@ METHODS = [
     "resume",
     "hash_tokens",
     "fingerprint_tokens",
+    "admit_request",
+    "release_request",
+    "allocate_block_ids",
+    "set_retention_priority",
+    "apply_defragment",
 ]
 """The public methods the program calls (its step names)."""
 
@@ -504,8 +704,36 @@ def test_the_harness_reaches_faults_in_the_committing_methods(
 ) -> None:
     """Guards against a vacuous pass: the programs do reach pool and policy calls."""
     report = report_for(policy_name, monkeypatch)
-    for method in ("allocate_memory_blocks", "release_memory_blocks", "reset", "hash_tokens"):
+    for method in (
+        "allocate_memory_blocks",
+        "release_memory_blocks",
+        "reset",
+        "hash_tokens",
+        "admit_request",
+        "release_request",
+        "apply_defragment",
+    ):
         assert report.fault_points.get(method, 0) > 0, method
+    reached = {"pool.acquire", "kv.copy", "events.record_stored", "routing.clear"}
+    if report.known_gaps.get(ADMIT_AFTER_HIT):
+        reached.add("hashing.compute_block_hashes")
+    assert reached <= report.wrapped_calls, reached - report.wrapped_calls
+    if policy_name == "priority":
+        assert "policy.set_retention" in report.wrapped_calls
+    if policy_name in ("hazard", "protected_lru", "auto"):
+        assert "policy.on_register" in report.wrapped_calls
+
+
+def test_the_known_gaps_are_faults_the_engine_survives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the harness tolerates is only :data:`KNOWN_GAPS`, and it does meet them.
+
+    A tolerated digest change still had no broken invariant (that would be a
+    violation), so these runs show the engine consistent after each.
+    """
+    report = report_for("lru", monkeypatch)
+    assert set(report.known_gaps) <= set(KNOWN_GAPS)
+    assert report.known_gaps.get(AFTER_COMMIT), "no post-commit collaborator fault reached"
+    assert {v.method for v in report.known_gaps.get(ADMIT_AFTER_HIT, [])} <= {"admit_request"}
 
 
 def test_the_harness_sees_a_half_applied_call() -> None:
