@@ -133,8 +133,8 @@ class AllocatorConfig:
         page_size_blocks: blocks per page of the KV storage's mapping (>= 1).
             Above 1 (only with ``free_list="lowest"``) requests of at least
             a page start at a page boundary when a whole page is free, and
-            small requests fill partly used pages first. The native engine
-            runs ``page_size_blocks=1`` only.
+            small requests fill partly used pages first (both engines, the
+            same order).
 
     Raises:
         ConfigError: a count of the wrong type or out of range, a non-bool

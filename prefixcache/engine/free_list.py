@@ -19,8 +19,9 @@ the usable count, and then never counts as whole):
 3. only when those run out, blocks of the lowest whole pages, ascending.
 
 With ``P == 1`` every free block is a whole page and the order is simply the
-``n`` lowest free IDs, ascending; the native engine implements that mode
-(``page_size=1``) with the same order, which the differential test checks.
+``n`` lowest free IDs, ascending. The native engine's ``LowestFreeList``
+(``native/free_set.h``) hands out the same IDs in both modes, which the
+differential test checks.
 
 :meth:`free_ids` lists the free IDs in descending order (the lowest, the
 next to go out, last), matching the stack's "bottom first".

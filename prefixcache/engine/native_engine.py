@@ -89,6 +89,7 @@ class NativeEngine:
         root_hash: root of the fused path's hash chains (``hashing.root_hash``
             of the allocator's salt); None for the default root.
         lowest_first: hand out the lowest free IDs first (``free_list="lowest"``).
+        page_size: blocks per page of the lowest-first list (``page_size_blocks``).
     """
 
     name = "native"
@@ -103,6 +104,7 @@ class NativeEngine:
         block_size: int = 16,
         root_hash: int | None = None,
         lowest_first: bool = False,
+        page_size: int = 1,
     ) -> None:
         module = native_module()
         self.core = module.Engine(
@@ -113,6 +115,7 @@ class NativeEngine:
             block_size,
             root_hash,
             lowest_first,
+            page_size,
         )
         self.policy_name = policy_name
         self.num_usable = total_count - 1

@@ -82,8 +82,6 @@ def native_unsupported_reason(config: AllocatorConfig, policy: EvictionPolicy) -
         return "it has no device mirror of the free stack yet: use device='cpu'"
     if config.total_count > 2**31 - 1:
         return "block IDs must fit in int32"
-    if config.page_size_blocks > 1:
-        return "its lowest-first free list has no pages: page_size_blocks must be 1"
     return None
 
 
@@ -121,6 +119,7 @@ def build_engine(
                 block_size=config.block_size_tokens,
                 root_hash=hashing.root_hash(None, salt_keys or None, "xxh3_64"),
                 lowest_first=config.free_list == "lowest",
+                page_size=config.page_size_blocks,
             )
         if choice == "native":
             raise ConfigError(f"engine='native' cannot run this allocator: {reason}")

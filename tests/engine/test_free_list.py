@@ -5,7 +5,7 @@ sizes against a naive model of the documented hand-out order; unit tests pin
 the order through the allocator on both engines, the evicting path, the
 configuration's refusals and the engine choice. The differential test
 (tests/native/test_differential.py) checks that both engines hand out the
-same IDs in lowest-first mode step by step.
+same IDs in lowest-first mode, with and without pages, step by step.
 """
 
 from __future__ import annotations
@@ -174,15 +174,24 @@ def test_free_list_configuration_is_checked() -> None:
 
 
 @pytest.mark.skipif(not native_available(), reason="the native engine is not built")
-def test_native_refuses_pages_and_auto_runs_python_for_them() -> None:
-    with pytest.raises(ConfigError, match="page_size_blocks must be 1"):
+def test_both_engines_hand_out_pages_alike_and_auto_runs_native() -> None:
+    allocators = [
         KVBlockAllocator(
-            total_count=9, device="cpu", engine="native", free_list="lowest", page_size_blocks=2
+            total_count=21, device="cpu", engine=engine, free_list="lowest", page_size_blocks=4
         )
+        for engine in ("python", "native")
+    ]
+    orders = []
+    for allocator in allocators:
+        order = [allocator.allocate_memory_blocks(n).tolist() for n in (1, 5, 3)]
+        allocator.release_memory_blocks(order[1][:2])
+        order += [allocator.allocate_memory_blocks(n).tolist() for n in (6, 2)]
+        orders.append(order)
+        assert allocator._engine.find_problems() == []
+    assert orders[0] == orders[1]
+    assert orders[0][:2] == [[0], [4, 5, 6, 7, 1]]
     paged = KVBlockAllocator(total_count=9, device="cpu", free_list="lowest", page_size_blocks=2)
-    assert paged.engine == "python"
-    lowest = KVBlockAllocator(total_count=9, device="cpu", engine="auto", free_list="lowest")
-    assert lowest.engine in ("native", "python")  # PREFIXCACHE_ENGINE may force python
+    assert paged.engine in ("native", "python")  # PREFIXCACHE_ENGINE may force python
 
 
 def test_sorted_free_list_refuses_bad_counts_before_changing() -> None:

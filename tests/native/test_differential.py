@@ -10,8 +10,9 @@ every observable after each step: the IDs returned, the exception types,
 the free stack in order, reference counts, registry lookups and chains, KV
 events and stats. One machine per native
 policy, with KV events on (the engines' change logs) and off (the fused
-request path), each with the stack free list and the lowest-first one
-(``free_list="lowest"``: the same hand-out order in both engines).
+request path), each with the stack free list, the lowest-first one
+(``free_list="lowest"``) and lowest-first in pages of 3 blocks
+(``page_size_blocks=3``): the same hand-out order in both engines.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ class DifferentialMachine(RuleBasedStateMachine):
             "eviction_policy": self.policy,
             "device": "cpu",
             "kv_events_capacity": 10_000 if self.events else 0,
-            "free_list": self.free_list,
+            "free_list": "stack" if self.free_list == "stack" else "lowest",
+            "page_size_blocks": 3 if self.free_list == "paged" else 1,
         }
         self.python = KVBlockAllocator(engine="python", **config)
         self.native = KVBlockAllocator(engine="native", **config)
@@ -377,7 +379,7 @@ def _machine(policy: str, events: bool, free_list: str) -> type[DifferentialMach
     )
 
 
-@pytest.mark.parametrize("free_list", ["stack", "lowest"])
+@pytest.mark.parametrize("free_list", ["stack", "lowest", "paged"])
 @pytest.mark.parametrize("events", [True, False], ids=["events", "fused"])
 @pytest.mark.parametrize("policy", ["lru", "fifo", "ref_zero"])
 def test_native_engine_matches_the_python_engine(policy: str, events: bool, free_list: str) -> None:

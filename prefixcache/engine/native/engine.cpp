@@ -20,7 +20,7 @@ namespace {
 }  // namespace
 
 Engine::Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, bool track_changes,
-               bool lowest_first)
+               bool lowest_first, int32_t page_size)
     : total_count_(total_count),
       num_usable_(total_count - 1),
       paused_count_(paused_count),
@@ -28,7 +28,7 @@ Engine::Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, boo
       track_changes_(track_changes),
       lowest_first_(lowest_first),
       stack_(lowest_first ? 0 : static_cast<size_t>(total_count - 1)),
-      free_set_(lowest_first ? static_cast<size_t>(total_count - 1) : 0),
+      lowest_(lowest_first ? static_cast<size_t>(total_count - 1) : 0, page_size),
       active_(total_count, 0),
       paused_(total_count, 0),
       pending_(total_count, 0),
@@ -91,7 +91,7 @@ const char* Engine::describe_state(int32_t block_id) const noexcept {
 
 void Engine::push_free(int32_t block_id) noexcept {
   if (lowest_first_) {
-    free_set_.insert(block_id);
+    lowest_.insert(block_id);
     ++num_free_;
   } else {
     stack_[num_free_++] = block_id;
@@ -112,7 +112,7 @@ bool Engine::allocate(int64_t num_blocks, int32_t* out) {
     freed.clear();
     plan_eviction(shortfall, freed);
     if (lowest_first_) {  // through the free set: it picks the order (the Python engine's)
-      for (const int32_t block_id : freed) free_set_.insert(block_id);
+      for (const int32_t block_id : freed) lowest_.insert(block_id);
       num_free_ += static_cast<int64_t>(freed.size());
     } else {
       for (size_t i = freed.size(); i-- > 0;) out[filled++] = freed[i];
@@ -120,7 +120,7 @@ bool Engine::allocate(int64_t num_blocks, int32_t* out) {
   }
   if (lowest_first_) {
     num_free_ -= num_blocks - filled;
-    while (filled < num_blocks) out[filled++] = free_set_.pop_lowest();
+    lowest_.take(num_blocks - filled, out + filled);
   } else {
     while (filled < num_blocks) out[filled++] = stack_[--num_free_];
   }

@@ -63,10 +63,10 @@ struct Counters {
 
 class Engine {
  public:
-  // lowest_first: the free list hands out the lowest free IDs first (a FreeSet)
-  // instead of popping the stack (AllocatorConfig.free_list="lowest").
+  // lowest_first: the free list hands out the lowest free IDs first (a LowestFreeList,
+  // pages of page_size blocks) instead of popping the stack (free_list="lowest").
   Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, bool track_changes,
-         bool lowest_first = false);
+         bool lowest_first = false, int32_t page_size = 1);
 
   // ---- configuration and O(1) counters
   int32_t num_usable() const noexcept { return num_usable_; }
@@ -174,7 +174,7 @@ class Engine {
 
   std::vector<int32_t> stack_;  // free IDs; the top is at num_free_ - 1
   int64_t num_free_ = 0;
-  FreeSet free_set_;  // the free IDs in lowest-first mode (stack_ unused then)
+  LowestFreeList lowest_;  // the free IDs in lowest-first mode (stack_ unused then)
   std::vector<int32_t> active_;   // references of running requests
   std::vector<int32_t> paused_;   // references of paused requests
   std::vector<int32_t> pending_;  // active releases queued by open free groups

@@ -107,9 +107,9 @@ void Engine::relocate(const int32_t* sources, const int32_t* destinations, size_
 void Engine::rebuild_free_list() {
   // Both free lists end as after reset: the lowest free ID goes out first.
   if (lowest_first_) {
-    free_set_.clear();
+    lowest_.clear();
     for (int32_t block_id = 0; block_id < num_usable_; ++block_id) {
-      if (is_free(block_id)) free_set_.insert(block_id);
+      if (is_free(block_id)) lowest_.insert(block_id);
     }
     return;
   }

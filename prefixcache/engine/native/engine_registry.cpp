@@ -213,8 +213,8 @@ void Engine::reset_counters() noexcept {
 void Engine::reset() {
   heap_.clear();
   if (lowest_first_) {
-    free_set_.clear();
-    for (int32_t i = 0; i < num_usable_; ++i) free_set_.insert(i);
+    lowest_.clear();
+    for (int32_t i = 0; i < num_usable_; ++i) lowest_.insert(i);
   } else {
     for (int32_t i = 0; i < num_usable_; ++i) stack_[i] = num_usable_ - 1 - i;  // ID 0 on top
   }
@@ -386,7 +386,7 @@ std::vector<std::string> Engine::find_problems() const {
 
 void Engine::free_ids(std::vector<int32_t>& out) const {
   if (lowest_first_) {
-    free_set_.descending(out);
+    lowest_.descending(out);
   } else {
     out.assign(stack_.begin(), stack_.begin() + static_cast<std::ptrdiff_t>(num_free_));
   }
@@ -398,7 +398,7 @@ size_t Engine::memory_bytes() const noexcept {
   // stack, active, paused, pending, parent, 3 links, children, depth, accesses, slot (int32);
   // hash_of, registration, last_access (int64); stamp (uint32)
   return per_block * static_cast<size_t>(total_count_) + index_.memory_bytes() +
-         heap_.memory_bytes() + free_set_.memory_bytes();
+         heap_.memory_bytes() + lowest_.memory_bytes();
 }
 
 }  // namespace prefixcache

@@ -61,15 +61,22 @@ void engine_dealloc(PyObject* py_self) {
 
 int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
   static const char* keywords[] = {"total_count", "paused_count", "policy", "track_changes",
-                                   "block_size", "root_hash", "lowest_first", nullptr};
+                                   "block_size", "root_hash", "lowest_first", "page_size",
+                                   nullptr};
   long long total_count = 0, paused_count = 0, block_size = 16;
   const char* policy = nullptr;
   int track_changes = 0;
   PyObject* root = nullptr;
   int lowest_first = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLsp|LOp", const_cast<char**>(keywords),
+  long long page_size = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLsp|LOpL", const_cast<char**>(keywords),
                                    &total_count, &paused_count, &policy, &track_changes,
-                                   &block_size, &root, &lowest_first)) {
+                                   &block_size, &root, &lowest_first, &page_size)) {
+    return -1;
+  }
+  if (page_size < 1 || page_size > INT32_MAX || (page_size > 1 && !lowest_first)) {
+    native_raise(ErrorKind::kInvalidArgument,
+                 "page_size must be >= 1, and above 1 only with lowest_first");
     return -1;
   }
   if (total_count < 2 || total_count > INT32_MAX || paused_count < 0 ||
@@ -104,7 +111,7 @@ int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
   try {
     Engine* engine = new Engine(static_cast<int32_t>(total_count),
                                 static_cast<int32_t>(paused_count), kind, track_changes != 0,
-                                lowest_first != 0);
+                                lowest_first != 0, static_cast<int32_t>(page_size));
     delete self->engine;
     self->engine = engine;
     if (!self->ids) self->ids = new std::vector<int32_t>();
@@ -793,7 +800,7 @@ bool add_engine_type(PyObject* module) {
   g_engine_type.tp_flags = Py_TPFLAGS_DEFAULT;
   g_engine_type.tp_doc =
       "Engine(total_count, paused_count, policy, track_changes, block_size=16, root_hash=None, "
-      "lowest_first=False)";
+      "lowest_first=False, page_size=1)";
   g_engine_type.tp_new = PyType_GenericNew;
   g_engine_type.tp_init = engine_init;
   g_engine_type.tp_dealloc = engine_dealloc;
