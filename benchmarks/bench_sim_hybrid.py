@@ -45,7 +45,7 @@ def build_model() -> ToyHybridModel:
         ],
         num_blocks=256,
         block_size=8,
-        max_requests=8,
+        max_requests=12,
         max_blocks_per_request=16,
         linear=StateShape(num_layers=4, num_heads=2, k_dim=8, v_dim=8, conv_dim=16, conv_kernel=4),
         num_checkpoints=16,

@@ -5,7 +5,8 @@ layer groups) and linear-attention layers (a recurrent state per request). Reque
 sharing a system prompt arrive over time: later ones hit the prefix and get both the
 KV blocks and the state from a checkpoint; the sliding-window layers give back blocks
 that leave their window while requests run; one request is forked into three samples
-that share its partly filled last block until each writes (copy-on-write). Every
+that share its partly filled last block until each writes (copy-on-write); in the
+middle of the run the KV pools are defragmented under the running requests. Every
 finished request's outputs are compared with a run of the same model without any
 cache, exactly (the loop raises on any difference).
 
@@ -50,13 +51,20 @@ requests = [
 
 
 def show(sim, step):
-    """Print what the step did; the hook is also where a mid-run change would go."""
+    """Print what the step did; after step 15, evict some cached blocks and compact the pools
+    under the running request."""
     sim.memory.check_invariants()
     print(
         f"step {step.step:2}: running {step.num_running}, held blocks {step.held_blocks}, "
         f"hit {step.hit_tokens} tokens, states restored {step.num_restored_states}, "
         f"forks {step.num_forks}, copies {step.num_copies}"
     )
+    if step.step == 15:
+        for allocator in sim.memory.groups.allocators.values():
+            allocator.evict_cached_blocks(6)  # as memory pressure would: holes below live blocks
+        moved = sim.memory.defragment()  # KV data, tables and shared tails move together
+        sim.memory.check_invariants()
+        print(f"         defragmented mid-run: blocks moved per pool {moved}")
 
 
 report, outputs = run_hybrid(model, requests, step_token_budget=12, between_steps=show)

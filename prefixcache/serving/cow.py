@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.engine.block_ids import BlockIdsLike, to_block_ids
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import InvalidArgumentError, InvariantError
 
@@ -207,6 +208,35 @@ class PartialBlockTable:
         block_id = self._tail(request)
         self._untrack(request)
         return block_id
+
+    def apply_moves(self, sources: BlockIdsLike, destinations: BlockIdsLike) -> int:
+        """Follow a defragmentation: tracked block ``sources[i]`` is now ``destinations[i]``.
+
+        Call it with the plan the allocator applied
+        (:meth:`~prefixcache.engine.allocator.KVBlockAllocator.apply_defragment`).
+
+        Returns:
+            How many tracked blocks were renamed.
+
+        Raises:
+            InvalidBlockIdError, InvalidTensorError: malformed IDs.
+            InvalidArgumentError: lists of different lengths (nothing changes).
+
+        Complexity: O(len(sources)).
+        """
+        usable = self.allocator.num_usable
+        src = to_block_ids(sources, usable, "sources").tolist()
+        dst = to_block_ids(destinations, usable, "destinations").tolist()
+        if len(src) != len(dst):
+            raise InvalidArgumentError(f"{len(src)} sources but {len(dst)} destinations")
+        moved = [(old, new) for old, new in zip(src, dst, strict=True) if old in self._holders]
+        entries = [(new, self._holders.pop(old), self._fill.pop(old)) for old, new in moved]
+        for new, holders, fill in entries:  # after every pop: a destination may be a source
+            self._holders[new] = holders
+            self._fill[new] = fill
+            for request in holders:
+                self._tail_of[request] = new
+        return len(moved)
 
     # ------------------------------------------------------------------ queries
 

@@ -320,6 +320,29 @@ class HybridMemory:
             self.state_pool.free(request.state_slot)
         del self._requests[request.slot]
 
+    def defragment(self) -> dict[str, int]:
+        """Compact every KV pool into its lowest block IDs in the middle of a run.
+
+        Per pool: :meth:`LayerGroups.defragment` (the allocator's plan and
+        move, the KV copy, every table), then the shared partial tails follow.
+        Checkpoints are keyed by hash and live in the state pool: nothing of
+        theirs moves.
+
+        Returns:
+            Blocks moved per pool.
+
+        Raises:
+            BlockStateError: a free group is open on an allocator.
+
+        Complexity: O(pool blocks + table size) per pool, plus the copies.
+        """
+        moved = {}
+        for pool in self.groups.allocators:
+            plan = self.groups.defragment(pool)
+            self.tails.apply_moves(pool, plan.sources, plan.destinations)
+            moved[pool] = len(plan)
+        return moved
+
     # ------------------------------------------------------------------ memory
 
     @property

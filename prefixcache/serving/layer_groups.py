@@ -21,6 +21,7 @@ import xxhash
 
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.config import AllocatorConfig, PolicySpec
+from prefixcache.engine.defragment import DefragmentPlan
 from prefixcache.engine.pool import resolve_device
 from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError, InvariantError
@@ -496,6 +497,34 @@ class LayerGroups:
             held = table.remove_request(slot)[row.num_released[group] :]
             self._allocator[group].release_memory_blocks(held)
         del self._rows[slot]
+
+    def defragment(self, pool: str) -> DefragmentPlan:
+        """Compact ``pool``'s live blocks into its lowest IDs, requests running or not.
+
+        The allocator plans and applies the moves, copying the KV data with
+        the pool's :meth:`KVCache.copy_blocks`; every table of the pool's
+        groups follows (:meth:`BlockTable.apply_moves`). Rows keep their
+        hashes and counts, which name no block.
+
+        Returns:
+            The plan applied (empty when the pool is compact).
+
+        Raises:
+            InvalidArgumentError: an unknown pool.
+            BlockStateError: a free group is open on the allocator.
+
+        Complexity: O(pool blocks + table size) plus the copy of the moved blocks.
+        """
+        if pool not in self.allocators:
+            raise InvalidArgumentError(f"unknown pool {pool!r}")
+        allocator = self.allocators[pool]
+        plan = allocator.plan_defragment()
+        cache = self.kv_caches.get(pool)
+        if allocator.apply_defragment(plan, copy=None if cache is None else cache.copy_blocks):
+            for group, spec in enumerate(self.specs):
+                if spec.pool_name == pool:
+                    self._table[group].apply_moves(plan.sources, plan.destinations)
+        return plan
 
     # ------------------------------------------------------------------ queries
 

@@ -11,6 +11,7 @@ See DESIGN.md, "Hybrid models".
 
 from __future__ import annotations
 
+from prefixcache.engine.block_ids import BlockIdsLike
 from prefixcache.errors import InvariantError
 from prefixcache.serving.cow import CopyInstruction, PartialBlockTable
 from prefixcache.serving.layer_groups import LayerGroups
@@ -99,6 +100,20 @@ class SharedTails:
             self._column.pop(slot, None)
         self.num_copies += len(copies)
         return copies
+
+    def apply_moves(self, pool: str, sources: BlockIdsLike, destinations: BlockIdsLike) -> int:
+        """Follow a defragmentation of ``pool``: rename the tracked tails it moved.
+
+        Returns:
+            How many tracked blocks were renamed, over the pool's groups.
+
+        Complexity: O(groups * len(sources)).
+        """
+        return sum(
+            table.apply_moves(sources, destinations)
+            for spec, table in zip(self.groups.specs, self._tables, strict=True)
+            if spec.pool_name == pool
+        )
 
     def drop(self, slot: int) -> None:
         """Stop tracking ``slot`` (it ends; its row still holds the references). O(groups)."""

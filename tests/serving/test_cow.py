@@ -282,3 +282,24 @@ def test_check_invariants_names_each_kind_of_corruption(corrupt) -> None:
     corrupt(table)
     with pytest.raises(InvariantError):
         table.check_invariants()
+
+
+def test_a_defragmentation_renames_the_tracked_tails() -> None:
+    allocator, table = make(total_count=10)
+    filler = allocator.allocate_memory_blocks(6)
+    tail = int(allocator.allocate_memory_blocks(1)[0])
+    table.track("a", tail, 2)
+    table.share("a", "b", take_reference=False)
+    allocator.acquire_blocks([tail])  # b's reference, taken as a fork would
+    allocator.release_memory_blocks(filler)
+    plan = allocator.plan_defragment()
+    assert tail in plan.sources.tolist()
+    allocator.apply_defragment(plan)
+    assert table.apply_moves(plan.sources, plan.destinations) == 1
+    moved = plan.destinations[plan.sources.tolist().index(tail)]
+    assert table.tail_of("a") == table.tail_of("b") == (moved, 2)
+    assert table.holders_of(moved) == {"a", "b"} and not table.holders_of(tail)
+    table.check_invariants()  # two references on the renamed block
+    with pytest.raises(InvalidArgumentError):
+        table.apply_moves([1, 2], [3])
+    assert table.tail_of("a") == (moved, 2)

@@ -3,9 +3,9 @@
 :meth:`HybridMemory.fork` shares every block in every layer group, the partly filled
 last one included, and copies the state; the first write into a shared partial block
 copies it (:class:`SharedTails`). The state machine forks at any point (mid-prompt,
-mid-decode, forks of forks), writes random chunks, finishes in any order, and checks
-after every rule the memory's invariants and, at each finish, every output against
-the uncached run.
+mid-decode, forks of forks), writes random chunks, defragments the pools, finishes in any
+order, and checks after every rule the memory's invariants and, at each write and
+finish, every output against the uncached run.
 """
 
 from __future__ import annotations
@@ -136,6 +136,34 @@ def test_a_copy_the_pool_cannot_supply_makes_reserve_refuse_without_change() -> 
         memory.reserve(child, 100)
 
 
+def test_a_defragmentation_moves_a_shared_tail_and_both_sharers_follow() -> None:
+    model = make()
+    memory = model.memory
+    early = memory.admit([], 12)  # takes the low IDs, then leaves holes
+    assert early is not None and compute(model, early, list(range(12)), 12) is not None
+    tokens = [9, 8, 7, 6, 5, 4]
+    parent = memory.admit([], len(tokens))
+    assert parent is not None and compute(model, parent, tokens, 6) is not None
+    child = memory.fork(parent)
+    assert child is not None
+    memory.finish(early)
+    memory.groups.allocators["full"].evict_cached_blocks(64)  # free the holes for good
+    tail = int(memory.groups.blocks_of("full", parent.slot)[1])
+    assert tail in memory.groups.allocators["full"].plan_defragment().sources.tolist()
+
+    assert memory.defragment()["full"] > 0
+    memory.check_invariants()  # the tails followed their rows
+    moved = int(memory.groups.blocks_of("full", parent.slot)[1])
+    assert moved != tail and int(memory.groups.blocks_of("full", child.slot)[1]) == moved
+    for request, token in ((child, 1), (parent, 2)):
+        written = [*tokens, token]
+        outputs = compute(model, request, written, 7)
+        assert outputs is not None
+        assert torch.equal(outputs[0], model.forward_reference(written)[6])
+    assert [copy.src for copy in memory.last_copies] == []  # the parent writes in place
+    memory.check_invariants()
+
+
 class HybridForkMachine(RuleBasedStateMachine):
     """Random admits, forks, chunks and finishes; every output checked at its finish."""
 
@@ -209,6 +237,11 @@ class HybridForkMachine(RuleBasedStateMachine):
             reference = self.model.forward_reference(tokens[: max(outputs) + 1])
             for position, output in outputs.items():
                 assert torch.equal(output, reference[position]), f"position {position}"
+
+    @rule()
+    def defragment(self) -> None:
+        """Compact the pools mid-run: rows, KV data and shared tails move together."""
+        self.memory.defragment()
 
     @invariant()
     def consistent(self) -> None:

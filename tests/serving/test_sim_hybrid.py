@@ -3,7 +3,8 @@
 Every run verifies each finished request against a run of the same model with no
 cache (``torch.equal`` on every computed output). Each piece gets a run that uses it
 and a broken twin that the check must catch: a state not restored, a sliding-window
-block given back one block early, a shared partial block written without a copy.
+block given back one block early, a shared partial block written without a copy, a
+defragmentation in the middle of a run that does not copy the KV data.
 """
 
 from __future__ import annotations
@@ -198,6 +199,49 @@ def test_a_fork_without_a_free_row_is_refused_and_counted() -> None:
     assert report.num_forks == 0 and report.num_forks_refused == 1 and len(outputs) == 1
 
 
+# ---------------------------------------------------------------------- defragmentation
+
+
+def staggered_requests() -> list[HybridSimRequest]:
+    """Short and long requests interleaved, so finishing ones leave holes among running ones."""
+    return [
+        HybridSimRequest(i, (*SYSTEM[: 5 + i], 25 + i), 3 if i % 2 else 14, arrival_step=i)
+        for i in range(6)
+    ]
+
+
+def test_a_defragmentation_in_the_middle_of_a_run_keeps_every_output_exact() -> None:
+    model = make()
+    moves = []
+
+    def defragment(sim: HybridBatchingSim, report: HybridStepReport) -> None:
+        if report.num_running:
+            moves.append(sum(sim.memory.defragment().values()))
+            sim.memory.check_invariants()
+            for allocator in sim.memory.groups.allocators.values():
+                assert allocator.stats().fragmentation == 0.0
+
+    report, outputs = run_hybrid(model, staggered_requests(), between_steps=defragment)
+    assert sum(moves) > 0 and report.num_finished == 6
+    assert_equal_to_uncached(model, outputs)
+    drained(model.memory)
+
+
+def test_the_check_catches_a_defragmentation_that_does_not_copy_the_kv(monkeypatch) -> None:
+    model = make()
+    for cache in model.memory.groups.kv_caches.values():
+        monkeypatch.setattr(cache, "copy_blocks", lambda sources, destinations: None)
+    moves = []
+
+    def defragment(sim: HybridBatchingSim, report: HybridStepReport) -> None:
+        if report.num_running:
+            moves.append(sum(sim.memory.defragment().values()))
+
+    with pytest.raises(InvariantError, match="differs from the uncached run"):
+        run_hybrid(model, staggered_requests(), between_steps=defragment)
+    assert sum(moves) > 0
+
+
 # ---------------------------------------------------------------------- pressure
 
 
@@ -291,10 +335,12 @@ def test_bad_configuration_is_a_config_error() -> None:
         HybridBatchingSim(object())  # type: ignore[arg-type]
 
 
-def test_the_serving_example_hits_forks_copies_and_matches_the_uncached_run(capsys) -> None:
+def test_the_serving_example_hits_forks_copies_defragments_and_stays_exact(capsys) -> None:
     example = Path(__file__).parents[2] / "examples" / "hybrid_serving.py"
     runpy.run_path(str(example), run_name="__main__")
     lines = capsys.readouterr().out.splitlines()
     assert "q1: reused 16 prompt tokens (state restored 1x)" in "\n".join(lines)
     assert lines[-1].endswith("all 5 requests equal to the uncached run")
     assert "6 copy-on-write copies" in lines[-1]
+    moved = [line for line in lines if "defragmented mid-run" in line]
+    assert len(moved) == 1 and "'full': 0" not in moved[0]  # blocks moved under a running request
