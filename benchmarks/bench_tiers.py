@@ -65,8 +65,11 @@ from prefixcache.tools import workloads
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the three parts and print their tables."""
     args = _parser().parse_args(argv)
-    print(f"# Tier benchmarks\n\nMachine: {cpu_model()}, Python {platform.python_version()}, ")
-    print(f"torch {torch.__version__}, engine {os.environ.get('PREFIXCACHE_ENGINE', 'auto')}.\n")
+    engine = os.environ.get("PREFIXCACHE_ENGINE", "auto")
+    print(
+        f"# Tier benchmarks\n\nMachine: {cpu_model()}, Python {platform.python_version()}, ", end=""
+    )
+    print(f"torch {torch.__version__}, engine {engine}.\n")
     print(f"Load average before the run: {' '.join(f'{x:.1f}' for x in os.getloadavg())}.\n")
     traces = _traces(args)
     if "host" in args.parts:
