@@ -23,15 +23,20 @@ What maps to what (DESIGN.md, "vLLM integration"):
   end whatever order callers free it in.
 - A free cached block whose child is still cached but in use (a sliding-window layer
   frees a running request's early blocks) is not a leaf; it goes only when no leaf is
-  left, oldest freed first. Hash-less blocks vLLM appends (``unpin_blocks``: still
-  being read) go last, as vLLM's docstring asks.
+  left, oldest freed first. A hash-less block vLLM *appends* (``unpin_blocks``: still
+  being read until reused) joins the policy's leaves as vLLM puts it at the queue's
+  tail among the cached blocks (its key: its block ID), so ``"lru"`` keeps vLLM's
+  order there too.
 - Events, metrics and the hash table stay vLLM's: its ``BlockRemoved`` events and
   ``kv_cache_usage_perc`` report the policy's victims unchanged.
 
 Costs: ``append``/``remove``/``popleft`` O(1) plus the policy's O(log n); the parent and
-child links are dict entries. ``get_all_free_blocks`` and ``iter_blocks_after`` (tests,
-the simple KV offload connector) replay the order on a copy: O(n log n). Not
-thread-safe, as vLLM's queue (the scheduler owns its pool).
+child links are dict entries, the two free-order sections ordered dicts. The blocks'
+own ``prev/next_free_block`` fields are written only by ``fake_free_list_head`` /
+``fake_free_list_tail`` (vLLM's tests walk them), which link every free block in
+hand-out order; that, ``get_all_free_blocks`` and ``iter_blocks_after`` (tests, the
+simple KV offload connector) replay the order on a copy: O(n log n). Not thread-safe,
+as vLLM's queue (the scheduler owns its pool).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import copy
 import importlib
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +86,7 @@ _REFUSED = {
     "ref_zero": "keeping nothing unreferenced is vLLM's --no-enable-prefix-caching",
 }
 _MASK63 = (1 << 63) - 1
-_FIRST, _LEAF, _INNER, _LAST = 1, 2, 3, 4  # where a free block is
+_FIRST, _LEAF, _INNER = 1, 2, 3  # where a free block is
 _MARK = "__prefixcache_original__"  # on a wrapper: the vLLM function it wraps
 
 
@@ -88,7 +94,7 @@ _MARK = "__prefixcache_original__"  # on a wrapper: the vLLM function it wraps
 
 
 class _End:
-    """A chain's fake head or tail, as vLLM's queue has (``block_id`` -1 for its repr)."""
+    """The fake head or tail of the linked view, as vLLM's queue has (``block_id`` -1)."""
 
     __slots__ = ("block_id", "next_free_block", "prev_free_block")
 
@@ -96,53 +102,6 @@ class _End:
         self.block_id = -1
         self.prev_free_block: Any = None
         self.next_free_block: Any = None
-
-
-class _Chain:
-    """A doubly linked list through the blocks' own ``prev/next_free_block`` fields.
-
-    vLLM's technique: O(1) removal from the middle and no Python object allocated per
-    operation. One chain per section that keeps free order (hash-less, inner, last).
-    """
-
-    __slots__ = ("head", "size", "tail")
-
-    def __init__(self) -> None:
-        self.head, self.tail = _End(), _End()
-        self.head.next_free_block = self.tail
-        self.tail.prev_free_block = self.head
-        self.size = 0
-
-    def push_back(self, block: Any) -> None:
-        last = self.tail.prev_free_block
-        last.next_free_block = block
-        block.prev_free_block, block.next_free_block = last, self.tail
-        self.tail.prev_free_block = block
-        self.size += 1
-
-    def push_front(self, block: Any) -> None:
-        first = self.head.next_free_block
-        first.prev_free_block = block
-        block.prev_free_block, block.next_free_block = self.head, first
-        self.head.next_free_block = block
-        self.size += 1
-
-    def pop_front(self) -> Any:
-        block = self.head.next_free_block
-        self.unlink(block)
-        return block
-
-    def unlink(self, block: Any) -> None:
-        before, after = block.prev_free_block, block.next_free_block
-        before.next_free_block, after.prev_free_block = after, before
-        block.prev_free_block = block.next_free_block = None
-        self.size -= 1
-
-    def __iter__(self) -> Iterator[Any]:
-        block = self.head.next_free_block
-        while block is not self.tail:
-            yield block
-            block = block.next_free_block
 
 
 def policy_hash(key: object) -> int:
@@ -177,7 +136,9 @@ class PolicyFreeBlockQueue:
     def __init__(self, blocks: Iterable[Any], policy: EvictionPolicy) -> None:
         self.policy = policy
         self.num_free_blocks = 0
-        self._first, self._inner, self._last = _Chain(), _Chain(), _Chain()
+        self._first: OrderedDict[int, Any] = OrderedDict()  # hash-less, handed out first
+        self._inner: OrderedDict[int, Any] = OrderedDict()  # cached, with a cached child
+        self._head, self._tail = _End(), _End()  # the linked view's ends
         self._where: dict[int, int] = {}  # free block -> section
         self._blocks: dict[int, Any] = {}  # block_id -> block, every block seen
         self._parent: dict[int, int] = {}  # cached child -> its cached parent
@@ -215,9 +176,9 @@ class PolicyFreeBlockQueue:
             raise ValueError(f"cannot take {n} free blocks: {self.num_free_blocks} are free")
         taken: list[Any] = []
         first, where = self._first, self._where
-        while first.size and len(taken) < n:
-            block = first.pop_front()
-            del where[block.block_id]
+        while first and len(taken) < n:
+            block_id, block = first.popitem(last=False)
+            del where[block_id]
             taken.append(block)
         while len(taken) < n:
             taken.append(self._next_victim())
@@ -236,7 +197,7 @@ class PolicyFreeBlockQueue:
         if section == _LEAF:
             self.policy.discard(block.block_id)
         else:
-            self._chain(section).unlink(block)
+            del self._chain(section)[block.block_id]
         self.num_free_blocks -= 1
 
     def append(self, block: Any) -> None:
@@ -254,9 +215,24 @@ class PolicyFreeBlockQueue:
             if block.block_id in self._where:
                 raise RuntimeError(f"block {block.block_id} is already free")
             self._blocks[block.block_id] = block
-            self._first.push_front(block)
+            self._first[block.block_id] = block
+            self._first.move_to_end(block.block_id, last=False)
             self._where[block.block_id] = _FIRST
         self.num_free_blocks += len(blocks)
+
+    @property
+    def fake_free_list_head(self) -> Any:
+        """vLLM's fake head, its ``next_free_block`` chain linked through every free
+        block in hand-out order now (a view for tests: later changes do not update it).
+        Complexity: O(n log n)."""
+        self._link_view()
+        return self._head
+
+    @property
+    def fake_free_list_tail(self) -> Any:
+        """The fake tail of the view :attr:`fake_free_list_head` links. O(n log n)."""
+        self._link_view()
+        return self._tail
 
     def get_all_free_blocks(self) -> list[Any]:
         """Every free block, next handed out first (read on a copy). O(n log n)."""
@@ -315,10 +291,10 @@ class PolicyFreeBlockQueue:
         if section == _LEAF:
             self.policy.discard(block_id)
         elif section == _INNER:
-            self._inner.unlink(block)
+            del self._inner[block_id]
         else:
             return
-        self._first.push_back(block)
+        self._first[block_id] = block
         self._where[block_id] = _FIRST
 
     def note_moved(self, source: Any, target: Any) -> None:
@@ -348,7 +324,7 @@ class PolicyFreeBlockQueue:
             table.clear()
         self._accesses.clear()
         self._stamp.clear()
-        self._first, self._inner, self._last = _Chain(), _Chain(), _Chain()
+        self._first, self._inner = OrderedDict(), OrderedDict()
         self.num_free_blocks = 0
         self.prepend_n(order)
 
@@ -358,16 +334,15 @@ class PolicyFreeBlockQueue:
         Raises:
             InvariantError: naming the first broken invariant.
         """
-        sections = {key: 0 for key in (_FIRST, _LEAF, _INNER, _LAST)}
+        sections = {key: 0 for key in (_FIRST, _LEAF, _INNER)}
         for block_id, section in self._where.items():
             sections[section] += 1
             if section == _LEAF and (block_id in self._children or block_id not in self.policy):
                 raise InvariantError(f"free leaf {block_id} has children or is not tracked")
             if section == _INNER and block_id not in self._children:
                 raise InvariantError(f"free inner block {block_id} has no cached child")
-        chains = {_FIRST: self._first, _INNER: self._inner, _LAST: self._last}
-        for section, chain in chains.items():
-            if [self._where.get(b.block_id) for b in chain] != [section] * chain.size:
+        for section, chain in ((_FIRST, self._first), (_INNER, self._inner)):
+            if [self._where.get(b) for b in chain] != [section] * len(chain):
                 raise InvariantError(f"chain {section} disagrees with the section map")
         if sections[_LEAF] != len(self.policy) or sum(sections.values()) != self.num_free_blocks:
             raise InvariantError(f"sections {sections} vs {self.num_free_blocks} free")
@@ -379,10 +354,8 @@ class PolicyFreeBlockQueue:
 
     # ------------------------------------------------------------------ internals
 
-    def _chain(self, section: int) -> _Chain:
-        if section == _FIRST:
-            return self._first
-        return self._inner if section == _INNER else self._last
+    def _chain(self, section: int) -> OrderedDict[int, Any]:
+        return self._first if section == _FIRST else self._inner
 
     def _add(self, block: Any) -> None:
         block_id = block.block_id
@@ -390,24 +363,21 @@ class PolicyFreeBlockQueue:
             raise RuntimeError(f"block {block_id} is already free")
         self._blocks[block_id] = block
         self._clock += 1
-        if block.block_hash is None:  # only unpin_blocks appends these: read until reused
-            self._last.push_back(block)
-            self._where[block_id] = _LAST
-        elif block_id in self._children:
-            self._stamp[block_id] = self._clock
-            self._inner.push_back(block)
+        self._stamp[block_id] = self._clock
+        if block_id in self._children:
+            self._inner[block_id] = block
             self._where[block_id] = _INNER
-        else:
-            self._stamp[block_id] = self._clock
+        else:  # a cached leaf, or a hash-less block unpin_blocks appends (read until reused)
             self._insert_leaf(block)
         self.num_free_blocks += 1
 
     def _insert_leaf(self, block: Any) -> None:
         block_id = block.block_id
         self._where[block_id] = _LEAF
+        key = block.block_hash
         self.policy.insert(
             block_id,
-            policy_hash(block.block_hash),
+            policy_hash(("unpinned", block_id) if key is None else key),
             self._stamp.get(block_id, 0),
             self._accesses.get(block_id, 1),
             self._depth.get(block_id, 0),
@@ -419,10 +389,8 @@ class PolicyFreeBlockQueue:
             if self._where.get(victims[0]) != _LEAF:
                 raise InvariantError(f"the policy evicted {victims[0]}, which it was not given")
             block = self._blocks[victims[0]]
-        elif self._inner.size:
-            block = self._inner.pop_front()
-        elif self._last.size:
-            block = self._last.pop_front()
+        elif self._inner:
+            block = self._inner.popitem(last=False)[1]
         else:
             raise InvariantError(f"{self.num_free_blocks} blocks counted free, none found")
         block_id = block.block_id
@@ -441,7 +409,7 @@ class PolicyFreeBlockQueue:
             children = self._children[parent_id] = set()
             if self._where.get(parent_id) == _LEAF:  # a free leaf gained a child
                 self.policy.discard(parent_id)
-                self._inner.push_back(parent)
+                self._inner[parent_id] = parent
                 self._where[parent_id] = _INNER
         children.add(child)
 
@@ -454,17 +422,16 @@ class PolicyFreeBlockQueue:
             if not siblings:
                 del self._children[parent]
                 if self._where.get(parent) == _INNER:
-                    block = self._blocks[parent]
-                    self._inner.unlink(block)
-                    self._insert_leaf(block)
+                    del self._inner[parent]
+                    self._insert_leaf(self._blocks[parent])
         for child in self._children.pop(block_id, ()):
             del self._parent[child]
 
     def _eviction_order(self) -> list[Any]:
         """The hand-out order, replayed on a copy of the policy and the link counts."""
-        order = list(self._first)
+        order = list(self._first.values())
         policy = copy.deepcopy(self.policy)
-        inner = dict.fromkeys(block.block_id for block in self._inner)
+        inner = dict.fromkeys(self._inner)
         num_children = {parent: len(kids) for parent, kids in self._children.items()}
         while True:
             victims = policy.evict(1)
@@ -489,7 +456,15 @@ class PolicyFreeBlockQueue:
                         self._accesses.get(parent, 1),
                         self._depth.get(parent, 0),
                     )
-        return order + list(self._last)
+        return order
+
+    def _link_view(self) -> None:
+        """Link the fake head, every free block in hand-out order, and the fake tail."""
+        before = self._head
+        for block in self._eviction_order():
+            before.next_free_block, block.prev_free_block = block, before
+            before = block
+        before.next_free_block, self._tail.prev_free_block = self._tail, before
 
 
 # ====================================================================== installing

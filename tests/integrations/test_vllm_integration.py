@@ -236,3 +236,132 @@ def test_the_state_machine_on_vllms_block_pool() -> None:
         RealPoolMachine,
         settings=settings(max_examples=60, stateful_step_count=40, deadline=None),
     )
+
+
+# ------------------------------------------------- vLLM's KVCacheManager, end to end
+
+BLOCK = 4  # tokens per block: small prompts span several blocks
+
+
+def make_manager(num_blocks: int) -> Any:
+    """vLLM's ``KVCacheManager`` for one full-attention group, caching on (CPU, no tensors)."""
+    torch = pytest.importorskip("torch")
+    interface = importlib.import_module("vllm.v1.kv_cache_interface")
+    manager_module = importlib.import_module("vllm.v1.core.kv_cache_manager")
+    hashing = importlib.import_module("vllm.utils.hashing")
+    kv_cache_utils.init_none_hash(hashing.sha256)
+    spec = interface.FullAttentionSpec(
+        block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    config = interface.KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[interface.KVCacheGroupSpec(["layer"], spec)],
+    )
+    return manager_module.KVCacheManager(
+        config,
+        max_model_len=BLOCK * 16,
+        scheduler_block_size=BLOCK,
+        hash_block_size=BLOCK,
+        enable_caching=True,
+    )
+
+
+def make_request(request_id: str, tokens: list[int]) -> Any:
+    """A vLLM ``Request`` whose block hashes vLLM's own hasher computes."""
+    sampling = importlib.import_module("vllm.sampling_params")
+    request_module = importlib.import_module("vllm.v1.request")
+    hashing = importlib.import_module("vllm.utils.hashing")
+    params = sampling.SamplingParams(max_tokens=4)
+    params.update_from_generation_config({}, eos_token_id=100)
+    return request_module.Request(
+        request_id=request_id,
+        prompt_token_ids=tokens,
+        sampling_params=params,
+        pooling_params=None,
+        block_hasher=kv_cache_utils.get_request_block_hasher(BLOCK, hashing.sha256, 0),
+    )
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    """Requests through vLLM's real ``KVCacheManager`` (``get_computed_blocks``,
+    ``allocate_slots``, ``free``, ``reset_prefix_cache``) with the plugin under each
+    policy. After every step: the queue's invariants and the policy contract (the
+    policy holds exactly the free cached leaves), vLLM's free count, every block's
+    reference count against the running requests' block tables, every cached block
+    findable by its hash, and the prefix hit as long as the longest cached prefix."""
+
+    @initialize(policy=st.sampled_from([*POLICIES, "auto"]), num_blocks=st.integers(6, 24))
+    def start(self, policy: str, num_blocks: int) -> None:
+        plugin.install(policy)
+        self.manager = make_manager(num_blocks)
+        self.pool = self.manager.block_pool
+        assert type(self.pool.free_block_queue) is plugin.PolicyFreeBlockQueue
+        self.running: dict[str, Any] = {}
+        self.next_id = 0
+
+    @rule(
+        blocks=st.lists(st.integers(0, 2), min_size=1, max_size=5),
+        tail=st.integers(1, BLOCK),
+    )
+    def admit(self, blocks: list[int], tail: int) -> None:
+        tokens = [t for value in blocks for t in [value] * BLOCK] + [7] * tail
+        request = make_request(str(self.next_id), tokens)
+        self.next_id += 1
+        expected = 0  # the longest prefix of full blocks vLLM has cached
+        for block_hash in request.block_hashes:
+            if not self.pool.get_cached_block(block_hash, [0]):
+                break
+            expected += 1
+        computed, num_computed, _ = self.manager.get_computed_blocks(request)
+        assert num_computed == BLOCK * min(expected, (len(tokens) - 1) // BLOCK)
+        new = self.manager.allocate_slots(
+            request, len(tokens) - num_computed, num_computed, computed
+        )
+        if new is not None:
+            self.running[request.request_id] = request
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        request_id = data.draw(st.sampled_from(sorted(self.running)))
+        self.manager.free(self.running.pop(request_id))
+
+    @precondition(lambda self: not self.running)
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        assert self.manager.reset_prefix_cache()
+
+    @invariant()
+    def bookkeeping_holds(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is None:
+            return
+        queue = pool.free_block_queue
+        queue.check_invariants()
+        leaves = {b for b, where in queue._where.items() if where == plugin._LEAF}
+        assert all(block_id in queue.policy for block_id in leaves)
+        assert len(queue.policy) == len(leaves)
+        free = [b for b in pool.blocks if b.ref_cnt == 0 and not b.is_null]
+        assert pool.get_num_free_blocks() == len(free) == queue.num_free_blocks
+        held: dict[int, int] = {}
+        for request_id in self.running:
+            for block in self.manager.get_blocks(request_id).blocks[0]:
+                if not block.is_null:
+                    held[block.block_id] = held.get(block.block_id, 0) + 1
+        for block in pool.blocks:
+            if block.is_null:
+                continue
+            assert block.ref_cnt == held.get(block.block_id, 0)
+            if block.block_hash is not None:
+                assert pool.cached_block_hash_to_block.contain(block.block_hash, block.block_id)
+
+    def teardown(self) -> None:
+        plugin.uninstall()
+
+
+def test_the_state_machine_on_vllms_kv_cache_manager() -> None:
+    run_state_machine_as_test(
+        ManagerMachine,
+        settings=settings(max_examples=60, stateful_step_count=30, deadline=None),
+    )

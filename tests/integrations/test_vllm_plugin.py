@@ -4,7 +4,7 @@ CI does not install vLLM, so the fake below (written into a temporary folder and
 first on ``sys.path``, so that ``importlib.reload`` works on it as on the real one) has
 ``KVCacheBlock``, ``FreeKVCacheBlockQueue`` and the ``BlockPool`` methods the plugin
 wraps or that call the queue, with vLLM's behaviour in each (the free order, hash-less
-blocks prepended, cached ones appended, evict-on-reuse, ``unpin_blocks`` at the tail).
+blocks prepended, cached ones appended, evict-on-reuse, ``unpin_blocks`` appending).
 ``test_vllm_integration.py`` drives the real ``BlockPool``.
 """
 
@@ -507,7 +507,7 @@ def test_a_parent_whose_child_is_in_use_goes_only_when_no_leaf_is_left(block_poo
     assert len(queue.policy) == 1
 
 
-def test_unpinned_hash_less_blocks_go_last(block_pool: Any) -> None:
+def test_unpinned_hash_less_blocks_keep_vllms_place_among_cached_ones(block_pool: Any) -> None:
     plugin.install("lru")
     pool = block_pool.BlockPool(4)
     plain = pool.get_new_blocks(1)
@@ -515,8 +515,27 @@ def test_unpinned_hash_less_blocks_go_last(block_pool: Any) -> None:
     cached, _ = admit(pool, chain(3))
     pool.free_blocks(cached)
     assert (ids(plain), ids(cached)) == ([1], [2])
-    assert ids(pool.free_block_queue.get_all_free_blocks()) == [3, 2, 1]  # vLLM's: 3, 1, 2
-    assert ids(pool.get_new_blocks(3)) == [3, 2, 1]
+    queue = pool.free_block_queue
+    assert queue._where[1] == plugin._LEAF and 1 in queue.policy
+    assert ids(queue.get_all_free_blocks()) == [3, 1, 2]  # vLLM's: appended before 2
+    assert ids(pool.get_new_blocks(3)) == [3, 1, 2]
+
+
+def test_the_fake_head_links_every_free_block_in_hand_out_order(block_pool: Any) -> None:
+    plugin.install("lru")
+    pool = block_pool.BlockPool(6)
+    blocks, _ = admit(pool, chain(1, 2))
+    pool.free_blocks(reversed(blocks))
+    queue = pool.free_block_queue
+    walked, block = [], queue.fake_free_list_head.next_free_block
+    while block is not queue.fake_free_list_tail:
+        assert block.next_free_block.prev_free_block is block
+        walked.append(block)
+        block = block.next_free_block
+    assert walked == queue.get_all_free_blocks() and ids(walked)[-2:] == ids(blocks)[::-1]
+    pool.get_new_blocks(5)
+    assert queue.fake_free_list_head.next_free_block is queue.fake_free_list_tail
+    assert queue.fake_free_list_tail.prev_free_block is queue.fake_free_list_head
 
 
 def test_a_free_block_that_loses_its_hash_becomes_hash_less(block_pool: Any) -> None:
@@ -676,7 +695,7 @@ def _linked_queue() -> tuple[PolicyFreeBlockQueue, list[Block]]:
     [
         (lambda q: q.policy.discard(2), "not tracked"),
         (lambda q: q._children.pop(1), "no cached child"),
-        (lambda q: q._where.__setitem__(0, plugin._LAST), "chain"),
+        (lambda q: q._where.__setitem__(0, plugin._FIRST), "chain"),
         (lambda q: setattr(q, "num_free_blocks", 7), "free"),
         (lambda q: q._children[1].clear(), "does not list it"),
         (lambda q: q._children[0].add(5), "a child is listed"),
