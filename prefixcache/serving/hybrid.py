@@ -75,6 +75,9 @@ class HybridMemory:
     sliding-window blocks, checkpoint the state at a boundary), and
     :meth:`finish`. A scheduler ends prefill chunks at
     :meth:`chunk_boundaries`, so the live state can be checkpointed there.
+    :meth:`fork` starts a second request from a running one (its partly
+    filled last block copied on write, :attr:`tails`), and
+    :meth:`defragment` compacts the KV pools under running requests.
 
     Not thread-safe.
 

@@ -70,8 +70,9 @@ class LayerGroups:
     each block as its own root (not chained), so a block out of the window
     is an evictable leaf at once.
 
-    Methods: :meth:`longest_hit`, :meth:`admit`, :meth:`reserve`,
-    :meth:`commit`, :meth:`finish`, :meth:`blocks_of`; attributes
+    Methods: :meth:`longest_hit`, :meth:`admit`, :meth:`reserve`
+    (:meth:`blocks_needed`), :meth:`commit`, :meth:`fork`, :meth:`finish`,
+    :meth:`defragment`, :meth:`blocks_of`; attributes
     :attr:`allocators`, :attr:`kv_caches`, :attr:`tables` by group or pool name.
 
     Not thread-safe.
