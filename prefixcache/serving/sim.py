@@ -576,6 +576,29 @@ class DynamicBatchingSim:
             **totals,
         )
 
+    def defragment(self) -> int:
+        """Compact the pool's live blocks into the lowest IDs between steps; return the moves.
+
+        The allocator plans and applies the moves (the KV cache's
+        ``copy_blocks`` copies K/V; MoE routing moves with its blocks) and the
+        block table follows. Running, paused and cached blocks all move; with
+        ``verify`` the next prefix hit on a moved block checks its K/V, and in
+        model mode the outputs do. DESIGN.md, "Defragmentation".
+
+        Raises:
+            ConfigError: the policy has no transactions (see ``apply_defragment``).
+
+        Complexity: O(pool + table size) plus the copy of the moved blocks.
+        """
+        plan = self.allocator.plan_defragment()
+        cache = self.kv_cache
+        moved = self.allocator.apply_defragment(
+            plan, copy=None if cache is None else cache.copy_blocks
+        )
+        if moved:
+            self.block_table.apply_moves(plan.sources, plan.destinations)
+        return moved
+
     # ------------------------------------------------------------------ requests
 
     def _new_sequence(self, request: SimRequest) -> _Sequence:

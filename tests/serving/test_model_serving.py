@@ -165,6 +165,23 @@ def test_caching_on_equals_off_equals_dense_under_eviction_pressure(
     assert compare_outputs(outputs, uncached, atol=logits_tolerance(model.dtype)) == []
 
 
+def test_a_defragmentation_after_every_step_changes_no_token(
+    model: TinyDecoder, references: References, uncached: list[RequestOutput]
+) -> None:
+    """K/V and stored routing move with their blocks: outputs equal the uncached run's."""
+    sim = DynamicBatchingSim(pressure_config(), model=model)
+    for request in workload(60, seed=0):
+        sim.submit(request)
+    moves = 0
+    while not sim.is_done:
+        sim.step()
+        moves += sim.defragment()
+    sim.allocator.check_invariants()
+    assert moves > 0 and sim.report().prefill_tokens_saved > 0
+    assert compare_with_reference(model, sim.outputs, cache=references) == []
+    assert compare_outputs(sim.outputs, uncached, atol=logits_tolerance(model.dtype)) == []
+
+
 def test_caching_off_equals_dense(
     model: TinyDecoder, references: References, uncached: list[RequestOutput]
 ) -> None:

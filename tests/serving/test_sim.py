@@ -111,6 +111,45 @@ def test_prefix_sharing_serves_correct_kv_under_eviction_pressure(policy: str) -
     assert sim.block_table.num_requests == 0
 
 
+def defragmenting_run(
+    config: SimConfig, requests: list[SimRequest]
+) -> tuple[DynamicBatchingSim, int]:
+    """Serve ``requests``, compacting the pool after every step; return the loop and the moves."""
+    sim = DynamicBatchingSim(config)
+    for request in requests:
+        sim.submit(request)
+    moves = 0
+    while not sim.is_done:
+        check_step(sim, sim.step())
+        moves += sim.defragment()
+        assert sim.allocator.stats().fragmentation == 0.0
+        sim.allocator.check_invariants()
+    return sim, moves
+
+
+def test_a_defragmentation_after_every_step_keeps_every_hit_correct() -> None:
+    """Running, paused and cached blocks move mid-run; ``verify`` checks every later hit."""
+    config = small_config(total_count=48, paused_count=6, step_token_budget=32, verify=True)
+    requests = shared_prefix_workload(150, seed=3)
+    sim, moves = defragmenting_run(config, requests)
+    report = sim.report()
+    assert moves > 0 and report.num_finished == len(requests)
+    assert report.prefill_tokens_saved > 0 and report.num_evicted_blocks > 0
+
+
+def test_verify_catches_a_defragmentation_that_does_not_copy_the_kv(monkeypatch) -> None:
+    config = small_config(total_count=48, paused_count=6, step_token_budget=32, verify=True)
+    sim = DynamicBatchingSim(config)
+    assert sim.kv_cache is not None
+    monkeypatch.setattr(sim.kv_cache, "copy_blocks", lambda sources, destinations: None)
+    for request in shared_prefix_workload(150, seed=3):
+        sim.submit(request)
+    with pytest.raises(InvariantError, match="prefix hit on block"):
+        while not sim.is_done:
+            sim.step()
+            sim.defragment()
+
+
 def test_verify_detects_a_corrupted_cached_block() -> None:
     sim = DynamicBatchingSim(SimConfig(total_count=32, block_size=4, verify=True))
     prompt = [*range(12), 99]
