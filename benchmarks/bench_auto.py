@@ -40,6 +40,8 @@ FAMILIES: dict[str, Callable[..., list[TraceRequest]]] = {
     "shared_system_prompts": workloads.shared_system_prompts,
     "multi_turn_chats": workloads.multi_turn_chats,
     "documents_with_hot_prefixes": workloads.documents_with_hot_prefixes,
+    "agent_tool_loops": workloads.agent_tool_loops,
+    "document_qa": workloads.document_qa,
 }
 
 

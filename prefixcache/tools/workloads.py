@@ -10,8 +10,13 @@ requests share exactly the prefixes the family describes.
   of Zipf popularity, each request with its own short tail.
 - :func:`multi_turn_chats`: conversations whose every turn resends the
   previous prompt plus the reply and a new message, interleaved.
-- :func:`documents_with_hot_prefixes`: a scan of one-off long documents
-  mixed with requests on a few hot prefixes.
+- :func:`documents_with_hot_prefixes`: the scan-heavy mix: a scan of
+  one-off long documents mixed with requests on a few hot prefixes.
+- :func:`agent_tool_loops`: agent sessions that call tools in a loop, each
+  step resending the session so far plus the tool's output, behind a few
+  shared agent system prompts; some steps retry from an earlier step.
+- :func:`document_qa`: questions, and follow-ups, over a few long shared
+  documents of Zipf popularity.
 
 :func:`write_mooncake_trace` writes a trace as JSONL, so ``prefixcache
 compare --trace`` can replay it.
@@ -34,6 +39,8 @@ from prefixcache.errors import InvalidArgumentError
 from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest
 
 __all__ = [
+    "agent_tool_loops",
+    "document_qa",
     "documents_with_hot_prefixes",
     "multi_turn_chats",
     "shared_system_prompts",
@@ -255,6 +262,169 @@ def documents_with_hot_prefixes(
             question = [next(fresh) for _ in range(rng.randint(1, max_question_blocks))]
             hash_ids = rng.choice(hot) + question
         trace.append(_request(rng, next(arrivals), hash_ids))
+    return trace
+
+
+def agent_tool_loops(
+    num_requests: int,
+    *,
+    seed: int = 0,
+    num_agents: int = 6,
+    agent_prompt_blocks: int = 24,
+    num_sessions: int = 200,
+    max_steps: int = 16,
+    max_tool_blocks: int = 6,
+    retry_fraction: float = 0.1,
+    mean_gap_ms: int = 50,
+) -> list[TraceRequest]:
+    """Agent sessions calling tools in a loop behind a few shared agent prompts.
+
+    Stands for coding and tool-use agents: each agent kind has a long
+    system prompt with its tool definitions (``agent_prompt_blocks``),
+    shared by every session of that kind (Zipf popularity over
+    ``num_agents`` kinds). ``num_sessions`` sessions run at a time; each
+    request advances a random one by a step: the session so far plus the
+    last tool's output and the model's next call (1 to ``max_tool_blocks``
+    new blocks). Steps come fast (a tool call takes seconds, not a user's
+    minutes), so reuse distances are short, and the history grows long.
+    With probability ``retry_fraction`` a step instead retries from an
+    earlier step of its session (a failed tool call, a re-plan): a branch
+    that shares the session's prefix up to that step. After 1 to
+    ``max_steps`` steps a session ends and a new one starts.
+
+    Args:
+        num_requests: requests to generate (>= 1).
+        seed: random seed.
+        num_agents: agent kinds, each with its own system prompt (>= 1).
+        agent_prompt_blocks: blocks per agent system prompt (>= 1).
+        num_sessions: sessions running at a time (>= 1).
+        max_steps: most steps of a session (>= 1).
+        max_tool_blocks: most blocks one step adds (>= 1).
+        retry_fraction: share of steps that branch from an earlier step, in ``[0, 1]``.
+        mean_gap_ms: mean time between arrivals (>= 1).
+
+    Returns:
+        The trace, in arrival order.
+
+    Raises:
+        InvalidArgumentError: an argument is out of range.
+
+    Complexity: O(blocks generated).
+    """
+    _check_positive(
+        num_requests=num_requests,
+        num_agents=num_agents,
+        agent_prompt_blocks=agent_prompt_blocks,
+        num_sessions=num_sessions,
+        max_steps=max_steps,
+        max_tool_blocks=max_tool_blocks,
+        mean_gap_ms=mean_gap_ms,
+    )
+    if not 0 <= retry_fraction <= 1:
+        raise InvalidArgumentError(f"retry_fraction must lie in [0, 1], got {retry_fraction!r}")
+    rng = random.Random(seed)
+    fresh = count()
+    agents = [[next(fresh) for _ in range(agent_prompt_blocks)] for _ in range(num_agents)]
+    weights = _zipf_weights(num_agents, 1.0)
+
+    def new_session() -> tuple[list[list[int]], int]:
+        """(the prompt after each step so far, steps left)."""
+        prompt = rng.choices(agents, weights)[0] + [next(fresh)]  # the task
+        return [prompt], rng.randint(1, max_steps)
+
+    sessions = [new_session() for _ in range(num_sessions)]
+    arrivals = _arrivals(rng, mean_gap_ms)
+    trace = []
+    for _ in range(num_requests):
+        index = rng.randrange(num_sessions)
+        steps, steps_left = sessions[index]
+        base = steps[-1]
+        if len(steps) > 1 and rng.random() < retry_fraction:
+            base = steps[rng.randrange(len(steps) - 1)]  # retry from an earlier step
+        prompt = base + [next(fresh) for _ in range(rng.randint(1, max_tool_blocks))]
+        trace.append(_request(rng, next(arrivals), prompt))
+        sessions[index] = new_session() if steps_left <= 1 else ([*steps, prompt], steps_left - 1)
+    return trace
+
+
+def document_qa(
+    num_requests: int,
+    *,
+    seed: int = 0,
+    num_documents: int = 100,
+    min_document_blocks: int = 20,
+    max_document_blocks: int = 100,
+    zipf_exponent: float = 0.8,
+    max_question_blocks: int = 3,
+    follow_up_fraction: float = 0.3,
+    mean_gap_ms: int = 200,
+) -> list[TraceRequest]:
+    """Questions, and follow-ups, over a few long shared documents.
+
+    Stands for retrieval over a small corpus (a contract, a code base, a
+    manual loaded whole into the prompt): ``num_documents`` documents of
+    ``min_document_blocks`` to ``max_document_blocks`` blocks, chosen with
+    Zipf popularity, each request the document plus a question of its own.
+    With probability ``follow_up_fraction`` a request follows up a recent
+    question instead: that question's prompt plus the answer and a new
+    question. The documents are long beside the cache, so which ones stay
+    cached decides the hit rate.
+
+    Args:
+        num_requests: requests to generate (>= 1).
+        seed: random seed.
+        num_documents: shared documents (>= 1).
+        min_document_blocks: shortest document (>= 1).
+        max_document_blocks: longest document (>= min_document_blocks).
+        zipf_exponent: skew of document popularity (>= 0; 0 is uniform).
+        max_question_blocks: longest question or follow-up (>= 1).
+        follow_up_fraction: share of follow-ups, in ``[0, 1]``.
+        mean_gap_ms: mean time between arrivals (>= 1).
+
+    Returns:
+        The trace, in arrival order.
+
+    Raises:
+        InvalidArgumentError: an argument is out of range.
+
+    Complexity: O(blocks generated).
+    """
+    _check_positive(
+        num_requests=num_requests,
+        num_documents=num_documents,
+        min_document_blocks=min_document_blocks,
+        max_document_blocks=max_document_blocks,
+        max_question_blocks=max_question_blocks,
+        mean_gap_ms=mean_gap_ms,
+    )
+    if max_document_blocks < min_document_blocks:
+        raise InvalidArgumentError(
+            f"max_document_blocks {max_document_blocks} < min_document_blocks {min_document_blocks}"
+        )
+    if not zipf_exponent >= 0:
+        raise InvalidArgumentError(f"zipf_exponent must be >= 0, got {zipf_exponent!r}")
+    if not 0 <= follow_up_fraction <= 1:
+        raise InvalidArgumentError(
+            f"follow_up_fraction must lie in [0, 1], got {follow_up_fraction!r}"
+        )
+    rng = random.Random(seed)
+    fresh = count()
+    documents = [
+        [next(fresh) for _ in range(rng.randint(min_document_blocks, max_document_blocks))]
+        for _ in range(num_documents)
+    ]
+    weights = _zipf_weights(num_documents, zipf_exponent)
+    recent: list[list[int]] = []  # the last prompts, for follow-ups
+    arrivals = _arrivals(rng, mean_gap_ms)
+    trace = []
+    for _ in range(num_requests):
+        question = [next(fresh) for _ in range(rng.randint(1, max_question_blocks))]
+        if recent and rng.random() < follow_up_fraction:
+            prompt = recent.pop(rng.randrange(len(recent))) + question
+        else:
+            prompt = rng.choices(documents, weights)[0] + question
+        trace.append(_request(rng, next(arrivals), prompt))
+        recent = [*recent[-31:], prompt]
     return trace
 
 

@@ -12,6 +12,8 @@ GENERATORS = [
     workloads.shared_system_prompts,
     workloads.multi_turn_chats,
     workloads.documents_with_hot_prefixes,
+    workloads.agent_tool_loops,
+    workloads.document_qa,
 ]
 
 
@@ -67,6 +69,38 @@ def test_documents_are_one_offs_and_questions_hit_hot_prefixes() -> None:
     assert all(request.num_blocks >= 40 for request in trace if request.hash_ids[:4] not in hot)
 
 
+def test_agent_steps_extend_their_session_and_some_retry_from_an_earlier_step() -> None:
+    trace = workloads.agent_tool_loops(
+        600, seed=4, num_agents=3, agent_prompt_blocks=5, num_sessions=8, retry_fraction=0.2
+    )
+    assert len({request.hash_ids[:5] for request in trace}) <= 3  # the agents' prompts
+    by_task: dict[int, list[tuple[int, ...]]] = {}
+    extensions = retries = 0
+    for request in trace:
+        earlier = by_task.setdefault(request.hash_ids[5], [])
+        size = len(request.hash_ids)
+        bases = [p for p in earlier if request.hash_ids[: len(p)] == p and len(p) < size]
+        if earlier:  # a later step: it extends the last step, or retries from an earlier one
+            extensions += bool(bases) and max(bases, key=len) == earlier[-1]
+            retries += not bases or max(bases, key=len) != earlier[-1]
+        earlier.append(request.hash_ids)
+    assert extensions > 300 and 40 < retries < 200
+
+
+def test_document_questions_start_with_a_shared_document_or_follow_one_up() -> None:
+    trace = workloads.document_qa(
+        500, seed=8, num_documents=4, min_document_blocks=10, max_document_blocks=20
+    )
+    documents = {request.hash_ids[:10] for request in trace}
+    assert len(documents) <= 4  # every prompt starts with one of the four documents
+    seen: list[tuple[int, ...]] = []
+    follow_ups = 0
+    for request in trace:
+        follow_ups += any(request.hash_ids[: len(p)] == p for p in seen[-32:])
+        seen.append(request.hash_ids)
+    assert 80 < follow_ups < 250  # about 30 %
+
+
 @pytest.mark.parametrize(
     "call",
     [
@@ -77,6 +111,11 @@ def test_documents_are_one_offs_and_questions_hit_hot_prefixes() -> None:
         lambda: workloads.documents_with_hot_prefixes(
             5, min_document_blocks=9, max_document_blocks=3
         ),
+        lambda: workloads.agent_tool_loops(5, retry_fraction=2.0),
+        lambda: workloads.agent_tool_loops(5, num_sessions=0),
+        lambda: workloads.document_qa(5, zipf_exponent=-0.5),
+        lambda: workloads.document_qa(5, min_document_blocks=9, max_document_blocks=3),
+        lambda: workloads.document_qa(5, follow_up_fraction=-0.1),
     ],
 )
 def test_bad_arguments_raise(call) -> None:
