@@ -11,9 +11,13 @@ from __future__ import annotations
 import copy
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prefixcache.policies.auto import AutoPolicy
+
+from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.errors import ConfigError
 
 # The reported sequence; arguments are EvictionPolicy.insert's, in order:
 # (block_id, block_hash, last_access, num_accesses, depth), so every block has hash 0.
@@ -106,3 +110,18 @@ def test_colliding_hashes_never_break_tracking_or_abort(seed: int) -> None:
         calls.append(call)
         assert len(policy) == len(tracked)
         assert all(block in policy for block in tracked)
+
+
+def test_auto_runs_on_the_python_engine_and_the_native_one_refuses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The native engine runs lru, fifo and ref_zero by name only; engine='auto' falls back."""
+    monkeypatch.setenv("PREFIXCACHE_ENGINE", "auto")  # the unit suite pins python otherwise
+    allocator = KVBlockAllocator(
+        total_count=64, block_size_tokens=16, eviction_policy="auto", device="cpu", engine="auto"
+    )
+    assert allocator.engine == "python"
+    with pytest.raises(ConfigError, match=r"'auto'|not built"):
+        KVBlockAllocator(
+            total_count=64, block_size_tokens=16, eviction_policy="auto", engine="native"
+        )
