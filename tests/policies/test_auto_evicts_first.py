@@ -1,4 +1,4 @@
-"""``auto``'s ``evicts_first`` books an eviction exactly as the insert-and-evict round trip.
+"""``auto`` on replays: ``evicts_first`` books an eviction as the round trip would; bounds hold.
 
 The engine evicts an exposed parent that ``evicts_first`` names without
 inserting it; ``auto`` then books that eviction's statistics (new uses,
@@ -82,3 +82,16 @@ def test_the_shortcut_learns_what_the_round_trip_learns(
     assert shortcut.charges() == round_trip.charges() and shortcut.leader == round_trip.leader
     assert shortcut.metadata() == round_trip.metadata()
     assert shortcut.evict(len(shortcut)) == round_trip.evict(len(round_trip))
+
+
+def test_metadata_stays_within_its_stated_fractions_of_the_pool_on_a_replay() -> None:
+    policy = AutoPolicy(duel_ratio=0.5, sketch_ratio=4.0)
+    trace = documents_with_hot_prefixes(400, seed=5, num_hot_prefixes=8, hot_prefix_blocks=12)
+    _replay(trace, 150, policy)
+    meta = policy.metadata()
+    pool = meta["pool"]
+    assert 150 < pool <= 150 + 120 + 1  # the highest block ID seen + 1: capacity + a request
+    assert 0 < meta["duels"] <= 0.5 * pool
+    width = 1 << (4 * pool - 1).bit_length()  # the power of two >= 4 x pool
+    assert meta["sketch_counters"] == 4 * width <= 32 * pool
+    assert meta["stays"] <= pool
