@@ -15,7 +15,9 @@ Usage, from the repository root::
 ``--trace`` defaults to ``../shared/traces/mooncake_synthetic_trace.jsonl``
 (the full Mooncake trace beside the checkout; a missing file is skipped
 with a note) and ``--seeds 0,1`` picks the generated traces (4,000
-requests each, ``--requests``).
+requests each, ``--requests``) of the families in ``--families`` (default:
+all). ``--time-only`` skips the tables and times lru and auto on the first
+trace (interleaved runs, median CPU seconds of ``--repeats``).
 """
 
 from __future__ import annotations
@@ -112,6 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--capacities", default="1000,5000,20000")
     parser.add_argument("--seeds", default="0,1")
+    parser.add_argument(
+        "--families", default=",".join(FAMILIES), help="comma-separated generated families"
+    )
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
@@ -126,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         print(f"note: {args.trace} not found; generated families only", file=sys.stderr)
     for seed in (int(s) for s in args.seeds.split(",")):
-        for family, generate in FAMILIES.items():
+        for family in args.families.split(","):
+            generate = FAMILIES[family]
             traces.append(
                 (f"`{family}({args.requests}, seed={seed})`", generate(args.requests, seed=seed))
             )
