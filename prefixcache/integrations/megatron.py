@@ -10,7 +10,8 @@ in prefix-caching modes the live CPU tensors ``block_ref_counts`` (int32),
 ``block_parent_id``, ``block_child_count`` (int64), the dict
 ``kv_hash_to_block_id`` and the ``on_blocks_deregistered`` callback that the
 Mamba slot allocator sets. :class:`MegatronKVBlockAllocator` has that surface,
-attribute by attribute and method by method, and runs every state change
+attribute by attribute and method by method (the table, and what is not
+covered and why: DESIGN.md, "Megatron-core drop-in"), and runs every state change
 through a :class:`~prefixcache.KVBlockAllocator` (O(log n) eviction instead
 of Megatron's scan of the whole pool, every prefixcache policy, KV events,
 statistics). :func:`install` makes Megatron's modules build it; :func:`attach`
