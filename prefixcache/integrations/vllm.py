@@ -54,7 +54,7 @@ import xxhash
 
 from prefixcache import policies
 from prefixcache.errors import ConfigError, InvariantError
-from prefixcache.policies import EvictionPolicy, UnknownPolicyError
+from prefixcache.policies import EvictionPolicy, UnknownPolicyError, has_hook
 
 __all__ = [
     "OPTIONS_ENV",
@@ -147,6 +147,7 @@ class PolicyFreeBlockQueue:
         self._accesses: dict[int, int] = {}  # 1 + prefix hits since it was filled
         self._stamp: dict[int, int] = {}  # clock when last freed
         self._clock = 0
+        self._on_register = has_hook(policy, "on_register")
         self.prepend_n(list(blocks))
 
     # ------------------------------------------------------------------ queue interface
@@ -254,17 +255,31 @@ class PolicyFreeBlockQueue:
 
     def note_registered(self, blocks: Sequence[Any], start: int, stop: int) -> None:
         """``blocks[start:stop]`` of one block table were just cached: learn their
-        depths and parents (``blocks[i - 1]``). Complexity: O(stop - start)."""
+        depths and parents (``blocks[i - 1]``), and tell a policy with the
+        ``on_register`` hook (``auto`` counts uses and settles its duels there) each run
+        of consecutive newly cached blocks, as prefixcache's engine does.
+        Complexity: O(stop - start)."""
+        run: list[int] = []
         for index in range(start, stop):
             block = blocks[index]
             if block.is_null or block.block_hash is None or block.block_id in self._depth:
+                self._report(run, index)
                 continue
+            if self._on_register:
+                run.append(policy_hash(block.block_hash))
             self._blocks[block.block_id] = block
             self._depth[block.block_id] = index
             self._accesses.setdefault(block.block_id, 1)
             parent = blocks[index - 1] if index else None
             if parent is not None and not parent.is_null and parent.block_hash is not None:
                 self._link(parent, block.block_id)
+        self._report(run, stop)
+
+    def _report(self, run: list[int], end: int) -> None:
+        """``on_register`` for the run of hashes ending before chain position ``end``."""
+        if run:
+            self.policy.on_register(run, end - len(run))
+            run.clear()
 
     def note_hits(self, blocks: Iterable[Any]) -> None:
         """``blocks`` were handed to a request as a prefix hit. Complexity: O(k)."""

@@ -477,6 +477,33 @@ def test_the_policy_learns_depth_hits_and_free_order(block_pool: Any) -> None:
     ]
 
 
+class RegisterSpy(policies.LRUPolicy):
+    """LRU with the ``on_register`` hook, recording each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.registered: list[tuple[list[int], int]] = []
+
+    def on_register(self, block_hashes: list[int], first_depth: int) -> None:
+        self.registered.append((list(block_hashes), first_depth))
+
+
+def test_a_policy_with_on_register_sees_each_newly_cached_run(block_pool: Any) -> None:
+    plugin.install(RegisterSpy)
+    pool = block_pool.BlockPool(8)
+    spy = pool.free_block_queue.policy
+    serve(pool, chain(1, 2))
+    serve(pool, chain(1, 2, 3, 4))  # hits 1, 2: only 3 and 4 are new, from depth 2
+    serve(pool, chain(1, 2))  # all hit: nothing registered
+    key = [hash_ + bytes(4) for hash_ in chain(1, 2, 3, 4)]
+    assert spy.registered == [
+        ([policy_hash(key[0]), policy_hash(key[1])], 0),
+        ([policy_hash(key[2]), policy_hash(key[3])], 2),
+    ]
+    plugin.install(Spy)  # no hook: never called (the base default is skipped)
+    assert not plugin.PolicyFreeBlockQueue([], Spy())._on_register
+
+
 def test_a_prefix_hit_takes_the_block_out_of_the_policy(block_pool: Any) -> None:
     plugin.install("lru")
     pool = block_pool.BlockPool(6)

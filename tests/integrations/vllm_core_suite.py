@@ -87,7 +87,7 @@ the free queue's order). The run sets ``HF_HUB_OFFLINE=1`` so that nothing waits
 the network."""
 
 ORDER_TESTS: dict[str, str] = {
-    _CACHING + "test_hisparse_prefix_hit_under_pressure_adopts_surviving_copies[": (
+    _CACHING + "test_hisparse_prefix_hit_under_pressure_adopts_surviving_copies[10-": (
         "asserts which of a prefix's unpinned device copies survive an allocation: those "
         "vLLM's queue keeps when it evicts them in the reverse of their release order"
     ),
