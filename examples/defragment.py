@@ -36,6 +36,7 @@ def main() -> None:
     slots, prompts = [], []
     for request in range(12):
         ids = allocator.allocate_memory_blocks(5)
+        assert ids is not None  # the pool has room for every prompt
         values = torch.arange(5, dtype=torch.float32).reshape(5, 1, 1) + 100 * request
         cache.write(0, ids, [0] * 5, values, values)
         hashes = [1000 * request + position for position in range(1, 6)]
@@ -75,6 +76,7 @@ def main() -> None:
         held = []
         for request in range(16):
             ids = paged.allocate_memory_blocks(4)
+            assert ids is not None
             paged.register_kv_block_hashes(ids, [10 * request + p for p in range(1, 5)])
             held.append(ids)
         for request in range(16):
