@@ -1,6 +1,6 @@
 """prefixcache's eviction policies inside vLLM 0.33, in two lines.
 
-Run: python examples/vllm_plugin.py   (with vLLM 0.33 installed; without it, it says so)
+Run: python examples/vllm_policy.py   (with vLLM 0.33 installed; without it, it says so)
 
 A server needs no code: with prefixcache installed, its vLLM general plugin reads one
 environment variable when vLLM starts (``auto`` or any name in
