@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -365,3 +368,14 @@ def test_the_state_machine_on_vllms_kv_cache_manager() -> None:
         ManagerMachine,
         settings=settings(max_examples=60, stateful_step_count=30, deadline=None),
     )
+
+
+def test_the_example_prints_lru_equal_to_vllm_and_better_policies_above() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "vllm_policy.py"
+    done = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=600, check=True
+    )
+    rates = dict(line.rsplit(":", 1) for line in done.stdout.splitlines() if ":" in line)
+    rates = {name.strip(): float(rate) for name, rate in rates.items()}
+    assert rates["lru"] == rates["vLLM as shipped"]
+    assert rates["auto"] > rates["lru"] + 0.1 and rates["s3fifo"] > rates["lru"] + 0.1
