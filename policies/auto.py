@@ -437,19 +437,25 @@ class AutoPolicy(EvictionPolicy):
     def _open(self, duel: tuple[int, int, int, int], undo: list[Any] | None) -> None:
         """Open ``duel`` = (victim hash, its namers, kept hash, its namers); drop the oldest.
 
-        Duel IDs grow by one per duel, so the oldest open duel is the lowest
-        open ID at or above ``_oldest`` (every lower one is closed).
+        The two hashes differ (the callers check: two blocks under one hash
+        are one prefix). Duel IDs grow by one per duel, so the oldest open
+        duel is the lowest open ID at or above ``_oldest`` (every lower one is
+        closed).
         """
         self._next_duel += 1  # never taken back: an ID is never reused
         duel_id = self._next_duel
         duels, by_hash = self._duels, self._by_hash
         duels[duel_id] = duel
-        for side in (duel[0], duel[2]):
-            ids = by_hash.get(side)
-            if ids is None:
-                by_hash[side] = {duel_id}
-            else:
-                ids.add(duel_id)
+        ids = by_hash.get(duel[0])  # both sides, unrolled (the hashes differ: see callers)
+        if ids is None:
+            by_hash[duel[0]] = {duel_id}
+        else:
+            ids.add(duel_id)
+        ids = by_hash.get(duel[2])
+        if ids is None:
+            by_hash[duel[2]] = {duel_id}
+        else:
+            ids.add(duel_id)
         if undo is not None:
             undo.append((self._close, duel_id))
         if len(duels) > self._max_duels:
@@ -465,18 +471,21 @@ class AutoPolicy(EvictionPolicy):
         """Remove the open duel ``duel_id``; return it."""
         duel = self._duels.pop(duel_id)
         by_hash = self._by_hash
-        for side in {duel[0], duel[2]}:
-            ids = by_hash[side]
-            ids.discard(duel_id)
-            if not ids:
-                del by_hash[side]
+        ids = by_hash[duel[0]]
+        ids.discard(duel_id)
+        if not ids:
+            del by_hash[duel[0]]
+        ids = by_hash[duel[2]]
+        ids.discard(duel_id)
+        if not ids:
+            del by_hash[duel[2]]
         return duel
 
     def _reopen(self, duel_id: int, duel: tuple[int, int, int, int]) -> None:
         """Put back a duel :meth:`_close` removed."""
         self._duels[duel_id] = duel
-        for side in {duel[0], duel[2]}:
-            self._by_hash.setdefault(side, set()).add(duel_id)
+        self._by_hash.setdefault(duel[0], set()).add(duel_id)
+        self._by_hash.setdefault(duel[2], set()).add(duel_id)
 
     def _reopen_oldest(self, duel_id: int, duel: tuple[int, int, int, int], oldest: int) -> None:
         """Take back the drop of the oldest duel: the duel and the ``_oldest`` mark."""
