@@ -29,7 +29,14 @@ import numpy as np
 
 from prefixcache.errors import InvalidArgumentError
 
-__all__ = ["INT64_MAX", "INT64_MIN", "is_int", "require_flag", "require_int"]
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "is_int",
+    "require_flag",
+    "require_int",
+    "require_positive_number",
+]
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
@@ -115,6 +122,31 @@ def require_flag(
     if not isinstance(value, (bool, np.bool_)):
         raise error(f"{name} must be a bool, got {value!r}")
     return bool(value)
+
+
+def require_positive_number(
+    value: object, name: str, *, error: type[InvalidArgumentError] = InvalidArgumentError
+) -> float:
+    """``value`` as a float if it is a finite int or float above zero (a time), else an error.
+
+    Bools are refused as everywhere; numpy floats and ints are numbers.
+
+    >>> require_positive_number(0.5, "timeout_s")
+    0.5
+    >>> require_positive_number(True, "timeout_s")
+    Traceback (most recent call last):
+        ...
+    prefixcache.errors.InvalidArgumentError: timeout_s must be a number > 0, got True
+
+    Complexity: O(1).
+    """
+    if (
+        not isinstance(value, (bool, np.bool_))
+        and isinstance(value, (int, float, np.integer, np.floating))
+        and 0 < float(value) < float("inf")
+    ):
+        return float(value)
+    raise error(f"{name} must be a number > 0, got {value!r}")
 
 
 def _expected(minimum: int | None, maximum: int | None) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prefixcache.engine.validation import require_int
+from prefixcache.engine.validation import require_int, require_positive_number
 from prefixcache.errors import ConfigError
 
 
@@ -230,8 +230,7 @@ def connect(url: str, *, namespace: str, timeout_s: float = 0.05, **kwargs: Any)
         ConfigError: the ``redis`` package is not installed (``pip install
             prefixcache[remote]``), or a bad ``timeout_s``.
     """
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
-        raise ConfigError(f"timeout_s must be a number > 0, got {timeout_s!r}")
+    timeout_s = require_positive_number(timeout_s, "timeout_s", error=ConfigError)
     try:
         import redis  # type: ignore[import-not-found,unused-ignore]
         from redis.backoff import NoBackoff  # type: ignore[import-not-found,unused-ignore]
