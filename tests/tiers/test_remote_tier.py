@@ -208,3 +208,9 @@ def test_a_host_tier_with_no_free_slot_loads_nothing_from_the_remote_tier(make_l
     match = loop.tiered.match(hashes)
     assert (match.num_host_blocks, match.num_remote_blocks) == (1, 0)
     remote.close()
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, True, float("inf"), float("nan"), "1", None])
+def test_connect_refuses_a_timeout_that_is_not_a_positive_number(timeout_s: object) -> None:
+    with pytest.raises(ConfigError, match="timeout_s must be a number > 0"):
+        connect("redis://127.0.0.1:1/0", namespace="t", timeout_s=timeout_s)  # type: ignore[arg-type]
