@@ -34,6 +34,7 @@ __all__ = [
     "INT64_MIN",
     "is_int",
     "require_flag",
+    "require_fraction",
     "require_int",
     "require_positive_number",
 ]
@@ -124,10 +125,17 @@ def require_flag(
     return bool(value)
 
 
+def _is_number(value: object) -> TypeGuard[int | float | np.integer | np.floating]:
+    """An int or float (Python's or numpy's), never a bool."""
+    return not isinstance(value, (bool, np.bool_)) and isinstance(
+        value, (int, float, np.integer, np.floating)
+    )
+
+
 def require_positive_number(
     value: object, name: str, *, error: type[InvalidArgumentError] = InvalidArgumentError
 ) -> float:
-    """``value`` as a float if it is a finite int or float above zero (a time), else an error.
+    """``value`` as a float if it is a finite number above zero (a time), else an error.
 
     Bools are refused as everywhere; numpy floats and ints are numbers.
 
@@ -140,13 +148,28 @@ def require_positive_number(
 
     Complexity: O(1).
     """
-    if (
-        not isinstance(value, (bool, np.bool_))
-        and isinstance(value, (int, float, np.integer, np.floating))
-        and 0 < float(value) < float("inf")
-    ):
+    if _is_number(value) and 0 < float(value) < float("inf"):
         return float(value)
     raise error(f"{name} must be a number > 0, got {value!r}")
+
+
+def require_fraction(
+    value: object, name: str, *, error: type[InvalidArgumentError] = InvalidArgumentError
+) -> float:
+    """``value`` as a float if it is a number in ``[0, 1]`` (a share), else an error.
+
+    >>> require_fraction(1, "scan_fraction")
+    1.0
+    >>> require_fraction("0.5", "scan_fraction")
+    Traceback (most recent call last):
+        ...
+    prefixcache.errors.InvalidArgumentError: scan_fraction must lie in [0, 1], got '0.5'
+
+    Complexity: O(1).
+    """
+    if _is_number(value) and 0 <= float(value) <= 1:
+        return float(value)
+    raise error(f"{name} must lie in [0, 1], got {value!r}")
 
 
 def _expected(minimum: int | None, maximum: int | None) -> str:

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from itertools import count
 from os import PathLike
 
-from prefixcache.engine.validation import require_int
+from prefixcache.engine.validation import require_fraction, require_int
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest
 
@@ -243,8 +243,7 @@ def documents_with_hot_prefixes(
         max_question_blocks=max_question_blocks,
         mean_gap_ms=mean_gap_ms,
     )
-    if not 0 <= scan_fraction <= 1:
-        raise InvalidArgumentError(f"scan_fraction must lie in [0, 1], got {scan_fraction!r}")
+    require_fraction(scan_fraction, "scan_fraction")
     if max_document_blocks < min_document_blocks:
         raise InvalidArgumentError(
             f"max_document_blocks {max_document_blocks} < min_document_blocks {min_document_blocks}"
@@ -320,8 +319,7 @@ def agent_tool_loops(
         max_tool_blocks=max_tool_blocks,
         mean_gap_ms=mean_gap_ms,
     )
-    if not 0 <= retry_fraction <= 1:
-        raise InvalidArgumentError(f"retry_fraction must lie in [0, 1], got {retry_fraction!r}")
+    require_fraction(retry_fraction, "retry_fraction")
     rng = random.Random(seed)
     fresh = count()
     agents = [[next(fresh) for _ in range(agent_prompt_blocks)] for _ in range(num_agents)]
@@ -403,10 +401,7 @@ def document_qa(
         )
     if not zipf_exponent >= 0:
         raise InvalidArgumentError(f"zipf_exponent must be >= 0, got {zipf_exponent!r}")
-    if not 0 <= follow_up_fraction <= 1:
-        raise InvalidArgumentError(
-            f"follow_up_fraction must lie in [0, 1], got {follow_up_fraction!r}"
-        )
+    require_fraction(follow_up_fraction, "follow_up_fraction")
     rng = random.Random(seed)
     fresh = count()
     documents = [

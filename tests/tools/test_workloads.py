@@ -116,6 +116,8 @@ def test_document_questions_start_with_a_shared_document_or_follow_one_up() -> N
         lambda: workloads.document_qa(5, zipf_exponent=-0.5),
         lambda: workloads.document_qa(5, min_document_blocks=9, max_document_blocks=3),
         lambda: workloads.document_qa(5, follow_up_fraction=-0.1),
+        lambda: workloads.document_qa(5, follow_up_fraction="0.5"),  # not a bare TypeError
+        lambda: workloads.agent_tool_loops(5, retry_fraction=True),
     ],
 )
 def test_bad_arguments_raise(call) -> None:
