@@ -5,7 +5,9 @@
 (DESIGN.md invariant 6) is checked against. With ``--import-mode=importlib``
 a test module cannot import this file, so the helpers reach tests as
 fixtures: ``digest`` returns :func:`state_digest` and ``refuses`` returns
-:func:`assert_refused`.
+:func:`assert_refused`. Likewise ``make_small``, ``chain``, ``flaky_lru`` and
+``injected_fault`` hand the engine and fault tests one copy of their small
+allocator, chain registration and failing-on-cue LRU.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import torch
 # against it step by step (tests/native/), and CI runs the tests of behaviour through the
 # public API again with PREFIXCACHE_ENGINE=native (.ci/run).
 os.environ.setdefault("PREFIXCACHE_ENGINE", "python")
+
+from prefixcache.policies import LRUPolicy
 
 from prefixcache import KVBlockAllocator, PrefixCacheError
 from prefixcache.testing import changed_fields, state_digest
@@ -135,6 +139,94 @@ def allocator() -> KVBlockAllocator:
 def make() -> Callable[..., KVBlockAllocator]:
     """The :func:`make_allocator` factory, for tests that need other settings."""
     return make_allocator
+
+
+def small_allocator(policy: Any = None, total_count: int = 10, **kwargs: Any) -> KVBlockAllocator:
+    """A CPU allocator of 2-token blocks, ``total_count`` of them (one reserved).
+
+    ``policy`` (a name or an instance) is passed on when given, else the
+    allocator's default; ``kwargs`` (``paused_count=3``, ...) go to the constructor.
+    """
+    if policy is not None:
+        kwargs["eviction_policy"] = policy
+    return KVBlockAllocator(total_count=total_count, block_size_tokens=2, device="cpu", **kwargs)
+
+
+def allocate_chain(allocator: KVBlockAllocator, hashes: list[int], **kwargs: Any) -> list[int]:
+    """Allocate one block per hash and register them as one chain; return the block IDs.
+
+    ``kwargs`` (``parent_hash=...``, ``lora_name=...``) go to ``register_kv_block_hashes``.
+    """
+    ids = allocator.allocate_memory_blocks(len(hashes))
+    assert ids is not None
+    allocator.register_kv_block_hashes(ids, hashes, **kwargs)
+    return ids.tolist()
+
+
+class InjectedFault(RuntimeError):
+    """What a :class:`FlakyLRU` or a patched pool raises (not a library error)."""
+
+
+class FlakyLRU(LRUPolicy):
+    """LRU whose ``fail_at[method]``-th call of ``method`` (1-based) raises, once armed.
+
+    It raises before changing anything, as the journal requires of a policy.
+    It also records its inserts, to show which leaves went through the policy
+    and with which arguments.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_at: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.inserted: list[int] = []
+        self.insert_args: list[tuple[int, int, int, int, int]] = []
+
+    def _tick(self, method: str) -> None:
+        if method in self.fail_at:
+            self.calls[method] = self.calls.get(method, 0) + 1
+            if self.calls[method] == self.fail_at[method]:
+                raise InjectedFault(f"{method} call {self.calls[method]}")
+
+    def insert(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> None:
+        self._tick("insert")
+        self.inserted.append(block_id)
+        self.insert_args.append((block_id, block_hash, last_access, num_accesses, depth))
+        super().insert(block_id, block_hash, last_access, num_accesses, depth)
+
+    def discard(self, block_id: int) -> None:
+        self._tick("discard")
+        super().discard(block_id)
+
+    def touch(self, block_id: int, now: int) -> None:
+        self._tick("touch")
+        super().touch(block_id, now)
+
+
+@pytest.fixture(scope="session")
+def make_small() -> Callable[..., KVBlockAllocator]:
+    """The :func:`small_allocator` factory: 2-token blocks, 10 of them unless told."""
+    return small_allocator
+
+
+@pytest.fixture(scope="session")
+def chain() -> Callable[..., list[int]]:
+    """The :func:`allocate_chain` function: allocate and register a chain of hashes."""
+    return allocate_chain
+
+
+@pytest.fixture(scope="session")
+def flaky_lru() -> type[FlakyLRU]:
+    """The :class:`FlakyLRU` class: an LRU whose chosen call raises :class:`InjectedFault`."""
+    return FlakyLRU
+
+
+@pytest.fixture(scope="session")
+def injected_fault() -> type[InjectedFault]:
+    """The :class:`InjectedFault` class, for ``pytest.raises`` and patched collaborators."""
+    return InjectedFault
 
 
 @pytest.fixture(params=["lru", "ref_zero"])
