@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -13,46 +13,36 @@ from prefixcache.policies import LRUPolicy
 
 from prefixcache import KVBlockAllocator
 
-
-def _make(policy: Any, total_count: int = 10) -> KVBlockAllocator:
-    return KVBlockAllocator(
-        total_count=total_count, block_size_tokens=2, device="cpu", eviction_policy=policy
-    )
-
-
-def _chain(allocator: KVBlockAllocator, hashes: list[int], **kwargs: Any) -> list[int]:
-    ids = allocator.allocate_memory_blocks(len(hashes))
-    assert ids is not None
-    allocator.register_kv_block_hashes(ids, hashes, **kwargs)
-    return ids.tolist()
+Make = Callable[..., KVBlockAllocator]
+Chain = Callable[..., list[int]]
 
 
 # ---------------------------------------------------------------------- counters
 
 
-def test_a_fresh_allocator_counts_nothing() -> None:
-    stats = _make(LRUPolicy()).stats()
+def test_a_fresh_allocator_counts_nothing(make_small: Make) -> None:
+    stats = make_small(LRUPolicy()).stats()
     assert stats.num_dropped_blocks == 0
     assert stats.num_rejected_hits == 0
     assert stats.num_dropped_events == 0
 
 
-def test_dropped_events_are_counted() -> None:
+def test_dropped_events_are_counted(chain: Chain) -> None:
     allocator = KVBlockAllocator(
         total_count=8, block_size_tokens=2, device="cpu", kv_events_capacity=1
     )
     for block_hash in (11, 21, 31):
-        _chain(allocator, [block_hash])
+        chain(allocator, [block_hash])
     assert allocator.stats().num_dropped_events == 2
 
 
-def test_each_allocation_and_hit_ticks_the_clock_once() -> None:
-    allocator = _make(LRUPolicy())
+def test_each_allocation_and_hit_ticks_the_clock_once(make_small: Make, chain: Chain) -> None:
+    allocator = make_small(LRUPolicy())
     allocator.allocate_memory_blocks(1)
     allocator.allocate_memory_blocks(1)
     assert allocator.clock == 2
     assert allocator.advance_clock(0) == 2
-    _chain(allocator, [11])
+    chain(allocator, [11])
     allocator.match_prefix([11], acquire=True)
     assert allocator.clock == 4
 
@@ -68,7 +58,7 @@ def test_every_rejected_verified_hit_is_counted() -> None:
     assert allocator.stats().num_rejected_hits == 2
 
 
-def test_ref_zero_counts_every_dropped_block_and_keeps_other_routing() -> None:
+def test_ref_zero_counts_every_dropped_block_and_keeps_other_routing(chain: Chain) -> None:
     allocator = KVBlockAllocator(
         total_count=8,
         block_size_tokens=2,
@@ -80,19 +70,21 @@ def test_ref_zero_counts_every_dropped_block_and_keeps_other_routing() -> None:
     kept = allocator.allocate_memory_blocks(1)
     allocator.store_block_routing(int(kept[0]), torch.ones((2, 1, 1), dtype=torch.int64))
     for block_hash in (11, 21):
-        allocator.release_memory_blocks(_chain(allocator, [block_hash]))
+        allocator.release_memory_blocks(chain(allocator, [block_hash]))
     assert allocator.stats().num_dropped_blocks == 2
     assert allocator.get_block_routing(int(kept[0])) is not None
     assert allocator.get_evictable_block_count() == 0
 
 
 @pytest.mark.parametrize("registered", [False, True])
-def test_releasing_an_unhashed_block_keeps_the_routing_of_others(registered: bool) -> None:
+def test_releasing_an_unhashed_block_keeps_the_routing_of_others(
+    registered: bool, chain: Chain
+) -> None:
     allocator = KVBlockAllocator(
         total_count=8, block_size_tokens=2, device="cpu", routing_num_layers=1, routing_top_k=1
     )
     if registered:
-        _chain(allocator, [11])
+        chain(allocator, [11])
     kept, released = allocator.allocate_memory_blocks(2).tolist()
     for block_id in (kept, released):
         allocator.store_block_routing(block_id, torch.ones((2, 1, 1), dtype=torch.int64))

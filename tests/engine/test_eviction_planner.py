@@ -20,47 +20,8 @@ from prefixcache.policies import LRUPolicy
 from prefixcache import InvariantError, KVBlockAllocator
 
 Digest = Callable[[KVBlockAllocator], Any]
-
-
-class InjectedFault(RuntimeError):
-    """What a :class:`FlakyLRU` or a patched pool raises (not a library error)."""
-
-
-class FlakyLRU(LRUPolicy):
-    """LRU whose ``fail_at[method]``-th call of ``method`` (1-based) raises, once armed.
-
-    It raises before changing anything, as the journal requires of a policy.
-    It also counts inserts, to show which leaves went through the policy.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fail_at: dict[str, int] = {}
-        self.calls: dict[str, int] = {}
-        self.inserted: list[int] = []
-        self.insert_args: list[tuple[int, int, int, int, int]] = []
-
-    def _tick(self, method: str) -> None:
-        if method in self.fail_at:
-            self.calls[method] = self.calls.get(method, 0) + 1
-            if self.calls[method] == self.fail_at[method]:
-                raise InjectedFault(f"{method} call {self.calls[method]}")
-
-    def insert(
-        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
-    ) -> None:
-        self._tick("insert")
-        self.inserted.append(block_id)
-        self.insert_args.append((block_id, block_hash, last_access, num_accesses, depth))
-        super().insert(block_id, block_hash, last_access, num_accesses, depth)
-
-    def discard(self, block_id: int) -> None:
-        self._tick("discard")
-        super().discard(block_id)
-
-    def touch(self, block_id: int, now: int) -> None:
-        self._tick("touch")
-        super().touch(block_id, now)
+Make = Callable[..., KVBlockAllocator]
+Chain = Callable[..., list[int]]
 
 
 class ScriptedLRU(LRUPolicy):
@@ -117,26 +78,15 @@ class DryAfterLRU:
         return block_id in self._lru
 
 
-def _make(policy: Any, total_count: int = 10) -> KVBlockAllocator:
-    return KVBlockAllocator(
-        total_count=total_count, block_size_tokens=2, device="cpu", eviction_policy=policy
-    )
-
-
-def _chain(allocator: KVBlockAllocator, hashes: list[int], **kwargs: Any) -> list[int]:
-    ids = allocator.allocate_memory_blocks(len(hashes))
-    assert ids is not None
-    allocator.register_kv_block_hashes(ids, hashes, **kwargs)
-    return ids.tolist()
-
-
 # ---------------------------------------------------------------------- victims refused
 
 
-def test_a_free_block_named_as_victim_is_refused(digest: Digest) -> None:
+def test_a_free_block_named_as_victim_is_refused(
+    digest: Digest, make_small: Make, chain: Chain
+) -> None:
     policy = ScriptedLRU()
-    allocator = _make(policy)
-    (cached,) = _chain(allocator, [11])
+    allocator = make_small(policy)
+    (cached,) = chain(allocator, [11])
     allocator.release_memory_blocks([cached])
     free_id = int(allocator.pool.free_ids()[0])
     policy.script = [[free_id]]
@@ -146,10 +96,12 @@ def test_a_free_block_named_as_victim_is_refused(digest: Digest) -> None:
     assert digest(allocator) == before
 
 
-def test_the_same_victim_named_twice_is_refused(digest: Digest) -> None:
+def test_the_same_victim_named_twice_is_refused(
+    digest: Digest, make_small: Make, chain: Chain
+) -> None:
     policy = ScriptedLRU()
-    allocator = _make(policy)
-    first, second = _chain(allocator, [11]) + _chain(allocator, [21])
+    allocator = make_small(policy)
+    first, second = chain(allocator, [11]) + chain(allocator, [21])
     allocator.release_memory_blocks([first, second])
     policy.script = [[first], [first]]
     before = digest(allocator)
@@ -162,10 +114,12 @@ def test_the_same_victim_named_twice_is_refused(digest: Digest) -> None:
 # ---------------------------------------------------------------------- planner paths
 
 
-def test_a_parent_exposed_by_its_last_child_is_offered_to_the_policy() -> None:
-    allocator = _make(DryAfterLRU())
-    parent, left = _chain(allocator, [11, 12])
-    (right,) = _chain(allocator, [13], parent_hash=11)
+def test_a_parent_exposed_by_its_last_child_is_offered_to_the_policy(
+    make_small: Make, chain: Chain
+) -> None:
+    allocator = make_small(DryAfterLRU())
+    parent, left = chain(allocator, [11, 12])
+    (right,) = chain(allocator, [13], parent_hash=11)
     allocator.release_memory_blocks([parent, left, right])
     assert allocator.evict_cached_blocks(2) == 2
     assert allocator.is_hash_registered(11)
@@ -175,10 +129,12 @@ def test_a_parent_exposed_by_its_last_child_is_offered_to_the_policy() -> None:
     allocator.check_invariants()
 
 
-def test_a_policy_that_runs_dry_after_exposing_a_parent_is_caught(digest: Digest) -> None:
+def test_a_policy_that_runs_dry_after_exposing_a_parent_is_caught(
+    digest: Digest, make_small: Make, chain: Chain
+) -> None:
     policy = DryAfterLRU()
-    allocator = _make(policy)
-    parent, child = _chain(allocator, [11, 12])
+    allocator = make_small(policy)
+    parent, child = chain(allocator, [11, 12])
     allocator.release_memory_blocks([parent, child])
     policy.budget = 1  # the child goes; the exposed parent is inserted, then never named
     before = digest(allocator)
@@ -190,10 +146,12 @@ def test_a_policy_that_runs_dry_after_exposing_a_parent_is_caught(digest: Digest
     assert digest(allocator) == before
 
 
-def test_a_lost_leaf_below_a_pinned_block_is_reported_with_the_policy_name() -> None:
+def test_a_lost_leaf_below_a_pinned_block_is_reported_with_the_policy_name(
+    make_small: Make, chain: Chain
+) -> None:
     policy = DryAfterLRU()
-    allocator = _make(policy)
-    root, _middle, leaf = _chain(allocator, [11, 12, 13])
+    allocator = make_small(policy)
+    root, _middle, leaf = chain(allocator, [11, 12, 13])
     allocator.release_memory_blocks([root, leaf])
     policy.budget = 0
     with pytest.raises(
@@ -204,11 +162,11 @@ def test_a_lost_leaf_below_a_pinned_block_is_reported_with_the_policy_name() -> 
         allocator.evict_cached_blocks(1)
 
 
-def test_one_eviction_drops_two_pinned_subtrees() -> None:
-    allocator = _make(LRUPolicy())
-    first_root, first_held = _chain(allocator, [11, 12])
+def test_one_eviction_drops_two_pinned_subtrees(make_small: Make, chain: Chain) -> None:
+    allocator = make_small(LRUPolicy())
+    first_root, first_held = chain(allocator, [11, 12])
     allocator.advance_clock()
-    second_root, second_held = _chain(allocator, [21, 22])
+    second_root, second_held = chain(allocator, [21, 22])
     allocator.release_memory_blocks([first_root, second_root])  # pinned by their children
     assert allocator.evict_cached_blocks(2) == 2
     assert allocator.pool.free_ids().tolist()[-2:] == [first_root, second_root]  # older first
@@ -222,8 +180,10 @@ def test_one_eviction_drops_two_pinned_subtrees() -> None:
 
 
 @pytest.mark.parametrize("older_first", [True, False])
-def test_the_least_recently_used_of_equally_deep_pinned_blocks_goes(older_first: bool) -> None:
-    allocator = _make(LRUPolicy())
+def test_the_least_recently_used_of_equally_deep_pinned_blocks_goes(
+    older_first: bool, make_small: Make
+) -> None:
+    allocator = make_small(LRUPolicy())
     low_root, low_held = allocator.allocate_memory_blocks(2).tolist()
     high_root, high_held = allocator.allocate_memory_blocks(2).tolist()
     order = [(low_root, low_held, 11), (high_root, high_held, 21)]
@@ -240,9 +200,11 @@ def test_the_least_recently_used_of_equally_deep_pinned_blocks_goes(older_first:
     assert allocator.is_hash_registered(order[1][2])
 
 
-def test_a_chain_is_evicted_from_its_end_without_reinserting_its_inner_blocks() -> None:
-    policy = FlakyLRU()
-    allocator = _make(policy)
+def test_a_chain_is_evicted_from_its_end_without_reinserting_its_inner_blocks(
+    make_small: Make, flaky_lru: Any
+) -> None:
+    policy = flaky_lru()
+    allocator = make_small(policy)
     # One allocation and no clock tick between the registrations: equal last-access times,
     # so the exposed parent's prediction compares block IDs too.
     parent, child, other = allocator.allocate_memory_blocks(3).tolist()
@@ -262,11 +224,13 @@ def test_a_chain_is_evicted_from_its_end_without_reinserting_its_inner_blocks() 
 # ---------------------------------------------------------------------- counters
 
 
-def test_an_allocation_hands_out_evicted_blocks_last_evicted_first() -> None:
-    allocator = _make(LRUPolicy(), total_count=3)
-    (older,) = _chain(allocator, [11])
+def test_an_allocation_hands_out_evicted_blocks_last_evicted_first(
+    make_small: Make, chain: Chain
+) -> None:
+    allocator = make_small(LRUPolicy(), total_count=3)
+    (older,) = chain(allocator, [11])
     allocator.advance_clock()
-    (newer,) = _chain(allocator, [21])
+    (newer,) = chain(allocator, [21])
     allocator.release_memory_blocks([older, newer])
     handed_out = allocator.allocate_memory_blocks(2)
     assert handed_out.dtype == torch.int32 and handed_out.tolist() == [newer, older]

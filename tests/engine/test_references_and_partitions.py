@@ -22,70 +22,15 @@ from prefixcache.policies import LRUPolicy
 
 from prefixcache import BudgetExceededError, KVBlockAllocator, PrefixCacheError
 
-
-class InjectedFault(RuntimeError):
-    """What a :class:`FlakyLRU` or a patched pool raises (not a library error)."""
-
-
-class FlakyLRU(LRUPolicy):
-    """LRU whose ``fail_at[method]``-th call of ``method`` (1-based) raises, once armed.
-
-    It raises before changing anything, as the journal requires of a policy.
-    It also counts inserts, to show which leaves went through the policy.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fail_at: dict[str, int] = {}
-        self.calls: dict[str, int] = {}
-        self.inserted: list[int] = []
-        self.insert_args: list[tuple[int, int, int, int, int]] = []
-
-    def _tick(self, method: str) -> None:
-        if method in self.fail_at:
-            self.calls[method] = self.calls.get(method, 0) + 1
-            if self.calls[method] == self.fail_at[method]:
-                raise InjectedFault(f"{method} call {self.calls[method]}")
-
-    def insert(
-        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
-    ) -> None:
-        self._tick("insert")
-        self.inserted.append(block_id)
-        self.insert_args.append((block_id, block_hash, last_access, num_accesses, depth))
-        super().insert(block_id, block_hash, last_access, num_accesses, depth)
-
-    def discard(self, block_id: int) -> None:
-        self._tick("discard")
-        super().discard(block_id)
-
-    def touch(self, block_id: int, now: int) -> None:
-        self._tick("touch")
-        super().touch(block_id, now)
-
-
-def _make(policy: Any, total_count: int = 10) -> KVBlockAllocator:
-    return KVBlockAllocator(
-        total_count=total_count, block_size_tokens=2, device="cpu", eviction_policy=policy
-    )
-
-
-def _chain(allocator: KVBlockAllocator, hashes: list[int], **kwargs: Any) -> list[int]:
-    ids = allocator.allocate_memory_blocks(len(hashes))
-    assert ids is not None
-    allocator.register_kv_block_hashes(ids, hashes, **kwargs)
-    return ids.tolist()
-
-
-def _paused_allocator() -> KVBlockAllocator:
-    return KVBlockAllocator(total_count=10, paused_count=3, block_size_tokens=2, device="cpu")
+Make = Callable[..., KVBlockAllocator]
+Chain = Callable[..., list[int]]
 
 
 # ---------------------------------------------------------------------- planner paths
 
 
-def test_counts_in_numpy_integers_are_accepted() -> None:
-    allocator = _make(LRUPolicy())
+def test_counts_in_numpy_integers_are_accepted(make_small: Make) -> None:
+    allocator = make_small(LRUPolicy())
     ids = allocator.allocate_memory_blocks(np.int64(2))
     assert ids is not None and len(ids) == 2
     assert allocator.is_memory_available(np.int32(7)) and not allocator.is_memory_available(10)
@@ -94,8 +39,8 @@ def test_counts_in_numpy_integers_are_accepted() -> None:
 # ---------------------------------------------------------------------- large batches
 
 
-def test_batches_past_the_small_batch_size_count_each_occurrence() -> None:
-    allocator = _make(LRUPolicy(), total_count=700)
+def test_batches_past_the_small_batch_size_count_each_occurrence(make_small: Make) -> None:
+    allocator = make_small(LRUPolicy(), total_count=700)
     ids = allocator.allocate_memory_blocks(600).tolist()
     extra = ids[400]  # not the smallest ID: a duplicate anywhere must be seen
     allocator.acquire_blocks([*ids, extra])
@@ -109,8 +54,8 @@ def test_batches_past_the_small_batch_size_count_each_occurrence() -> None:
     assert allocator.stats().num_released_references == 2 * len(ids)
 
 
-def test_releases_count_every_reference_across_calls() -> None:
-    allocator = _make(LRUPolicy())
+def test_releases_count_every_reference_across_calls(make_small: Make) -> None:
+    allocator = make_small(LRUPolicy())
     single, shared = allocator.allocate_memory_blocks(2).tolist()
     allocator.acquire_blocks([shared, shared, shared])  # four references
     allocator.release_memory_blocks([single])  # empties a block: 1
@@ -123,8 +68,8 @@ def test_releases_count_every_reference_across_calls() -> None:
     assert allocator.get_active_used() == 0
 
 
-def test_a_group_applies_every_queued_reference() -> None:
-    allocator = _make(LRUPolicy())
+def test_a_group_applies_every_queued_reference(make_small: Make) -> None:
+    allocator = make_small(LRUPolicy())
     (block,) = allocator.allocate_memory_blocks(1).tolist()
     allocator.acquire_blocks([block])
     with allocator.free_group():
@@ -136,8 +81,8 @@ def test_a_group_applies_every_queued_reference() -> None:
 # ---------------------------------------------------------------------- partitions
 
 
-def test_a_paused_release_of_a_block_still_active_keeps_it_active() -> None:
-    allocator = _paused_allocator()
+def test_a_paused_release_of_a_block_still_active_keeps_it_active(make_small: Make) -> None:
+    allocator = make_small(paused_count=3)
     (block,) = allocator.allocate_memory_blocks(1).tolist()
     allocator.acquire_blocks([block])
     allocator.pause([block])  # one active, one paused reference
@@ -149,10 +94,12 @@ def test_a_paused_release_of_a_block_still_active_keeps_it_active() -> None:
     allocator.check_invariants()
 
 
-def test_acquiring_a_paused_block_with_a_cached_leaf_moves_each_to_its_state() -> None:
-    allocator = _paused_allocator()
-    (held,) = _chain(allocator, [11])
-    (cached,) = _chain(allocator, [21])
+def test_acquiring_a_paused_block_with_a_cached_leaf_moves_each_to_its_state(
+    make_small: Make, chain: Chain
+) -> None:
+    allocator = make_small(paused_count=3)
+    (held,) = chain(allocator, [11])
+    (cached,) = chain(allocator, [21])
     allocator.release_memory_blocks([cached])
     allocator.pause([held])
     clock = allocator.clock
@@ -165,10 +112,12 @@ def test_acquiring_a_paused_block_with_a_cached_leaf_moves_each_to_its_state() -
     allocator.check_invariants()
 
 
-def test_acquiring_an_active_block_with_a_cached_one_discards_only_the_cached() -> None:
-    allocator = _make(LRUPolicy())
-    (active,) = _chain(allocator, [11])
-    (cached,) = _chain(allocator, [21])
+def test_acquiring_an_active_block_with_a_cached_one_discards_only_the_cached(
+    make_small: Make, chain: Chain
+) -> None:
+    allocator = make_small(LRUPolicy())
+    (active,) = chain(allocator, [11])
+    (cached,) = chain(allocator, [21])
     allocator.release_memory_blocks([cached])
     allocator.acquire_blocks([active, cached])
     assert [t.tolist() for t in allocator.reference_counts([active, cached])] == [[2, 1], [0, 0]]
@@ -176,8 +125,10 @@ def test_acquiring_an_active_block_with_a_cached_one_discards_only_the_cached() 
     allocator.check_invariants()
 
 
-def test_a_block_held_active_and_paused_can_be_registered_acquired_and_touched() -> None:
-    allocator = _paused_allocator()
+def test_a_block_held_active_and_paused_can_be_registered_acquired_and_touched(
+    make_small: Make,
+) -> None:
+    allocator = make_small(paused_count=3)
     first, second = allocator.allocate_memory_blocks(2).tolist()
     allocator.acquire_blocks([first, second])
     allocator.pause([first, second])  # each: one active, one paused reference
@@ -187,17 +138,19 @@ def test_a_block_held_active_and_paused_can_be_registered_acquired_and_touched()
     assert [t.tolist() for t in allocator.reference_counts([first, second])] == [[2, 1], [1, 1]]
 
 
-def test_the_policy_hears_the_hand_outs_and_depth_of_a_released_leaf() -> None:
-    policy = FlakyLRU()
-    allocator = _make(policy)
-    root, leaf = _chain(allocator, [11, 12])
+def test_the_policy_hears_the_hand_outs_and_depth_of_a_released_leaf(
+    make_small: Make, chain: Chain, flaky_lru: Any
+) -> None:
+    policy = flaky_lru()
+    allocator = make_small(policy)
+    root, leaf = chain(allocator, [11, 12])
     allocator.match_prefix([11, 12], acquire=True)
     allocator.match_prefix([11, 12], acquire=True)
     allocator.release_memory_blocks([root, leaf] * 3)
     ((block_id, block_hash, last_access, num_accesses, depth),) = policy.insert_args
     assert (block_id, block_hash, num_accesses, depth) == (leaf, 12, 3, 1)
     assert type(last_access) is int and last_access == allocator.clock
-    _chain(allocator, [21])
+    chain(allocator, [21])
     refused, taken = allocator.allocate_memory_blocks(2).tolist()
     # 21 is held by another block: the general path registers 22 under that holder.
     assert allocator.register_kv_block_hashes([refused, taken], [21, 22]).tolist() == [False, True]
@@ -206,8 +159,8 @@ def test_the_policy_hears_the_hand_outs_and_depth_of_a_released_leaf() -> None:
     assert policy.insert_args[-1][3:] == (1, 1)  # one hand-out since registration; depth 1
 
 
-def test_move_references_refuses_with_the_partition_named() -> None:
-    allocator = _paused_allocator()
+def test_move_references_refuses_with_the_partition_named(make_small: Make) -> None:
+    allocator = make_small(paused_count=3)
     (block,) = allocator.allocate_memory_blocks(1).tolist()
     with pytest.raises(Exception, match=rf"^block {block} \(active\) holds 0 paused reference"):
         allocator.resume([block])
@@ -216,8 +169,8 @@ def test_move_references_refuses_with_the_partition_named() -> None:
         allocator.pause([block])
 
 
-def test_pausing_a_block_active_twice_keeps_it_counted_active() -> None:
-    allocator = _paused_allocator()
+def test_pausing_a_block_active_twice_keeps_it_counted_active(make_small: Make) -> None:
+    allocator = make_small(paused_count=3)
     (block,) = allocator.allocate_memory_blocks(1).tolist()
     allocator.acquire_blocks([block, block])
     allocator.pause([block])
@@ -277,10 +230,12 @@ def test_resume_may_fill_the_active_budget_exactly() -> None:
 # ---------------------------------------------------------------------- retention
 
 
-def test_counts_and_policy_arguments_are_integers() -> None:
-    policy = FlakyLRU()
-    allocator = _make(policy)
-    (block,) = _chain(allocator, [11])
+def test_counts_and_policy_arguments_are_integers(
+    make_small: Make, chain: Chain, flaky_lru: Any
+) -> None:
+    policy = flaky_lru()
+    allocator = make_small(policy)
+    (block,) = chain(allocator, [11])
     active, paused = allocator.reference_counts([block])
     assert active.dtype == torch.int32 and paused.dtype == torch.int32
     allocator.release_memory_blocks([block])

@@ -20,15 +20,7 @@ from prefixcache.policies import LRUPolicy
 from prefixcache import AllocatorConfig, InvariantError, KVBlockAllocator
 from prefixcache.engine.invariants import find_invariant_problems
 
-
-def _make(policy: Any, total_count: int = 10) -> KVBlockAllocator:
-    return KVBlockAllocator(
-        total_count=total_count, block_size_tokens=2, device="cpu", eviction_policy=policy
-    )
-
-
-def _paused_allocator() -> KVBlockAllocator:
-    return KVBlockAllocator(total_count=10, paused_count=3, block_size_tokens=2, device="cpu")
+Make = Callable[..., KVBlockAllocator]
 
 
 def _refusal_cases() -> list[Any]:
@@ -194,9 +186,12 @@ def _refusal_cases() -> list[Any]:
 
 @pytest.mark.parametrize(("setup", "error", "message"), _refusal_cases())
 def test_refusals_say_exactly_what_is_wrong(
-    setup: Callable[[KVBlockAllocator], Callable[[], Any]], error: str, message: str
+    setup: Callable[[KVBlockAllocator], Callable[[], Any]],
+    error: str,
+    message: str,
+    make_small: Make,
 ) -> None:
-    allocator = _paused_allocator()
+    allocator = make_small(paused_count=3)
     call = setup(allocator)
     with pytest.raises(Exception, match=f"^{message}$") as info:
         call()
@@ -242,8 +237,8 @@ def test_the_constructor_names_a_wrong_config() -> None:
 # ---------------------------------------------------------------------- counters
 
 
-def test_check_invariants_joins_the_first_five_problems() -> None:
-    allocator = _make(LRUPolicy())
+def test_check_invariants_joins_the_first_five_problems(make_small: Make) -> None:
+    allocator = make_small(LRUPolicy())
     (
         allocator._engine.ledger.num_active,
         allocator._engine.ledger.num_paused,

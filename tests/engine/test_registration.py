@@ -12,6 +12,7 @@ prefix caching off, registration returns false flags.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,18 +21,8 @@ from prefixcache.policies import LRUPolicy
 from prefixcache import KVBlockAllocator
 from prefixcache.engine.events import wire_hash
 
-
-def _make(policy: Any, total_count: int = 10) -> KVBlockAllocator:
-    return KVBlockAllocator(
-        total_count=total_count, block_size_tokens=2, device="cpu", eviction_policy=policy
-    )
-
-
-def _chain(allocator: KVBlockAllocator, hashes: list[int], **kwargs: Any) -> list[int]:
-    ids = allocator.allocate_memory_blocks(len(hashes))
-    assert ids is not None
-    allocator.register_kv_block_hashes(ids, hashes, **kwargs)
-    return ids.tolist()
+Make = Callable[..., KVBlockAllocator]
+Chain = Callable[..., list[int]]
 
 
 def _events_allocator(**kwargs: Any) -> KVBlockAllocator:
@@ -54,9 +45,9 @@ class RegistrationLog(LRUPolicy):
 # ---------------------------------------------------------------------- registration
 
 
-def test_extending_a_registered_prefix_hangs_the_new_blocks_under_its_end() -> None:
+def test_extending_a_registered_prefix_hangs_the_new_blocks_under_its_end(chain: Chain) -> None:
     allocator = _events_allocator(kv_events_medium="CPU_TIER")
-    first, second = _chain(allocator, [11, 12])
+    first, second = chain(allocator, [11, 12])
     (third,) = allocator.allocate_memory_blocks(1).tolist()
     allocator.take_events()
     held = allocator.register_kv_block_hashes(
@@ -70,9 +61,9 @@ def test_extending_a_registered_prefix_hangs_the_new_blocks_under_its_end() -> N
     assert event.token_ids == (5, 6) and event.lora_name == "a" and event.medium == "CPU_TIER"
 
 
-def test_a_chain_continued_from_a_cached_leaf_takes_it_out_of_the_policy() -> None:
+def test_a_chain_continued_from_a_cached_leaf_takes_it_out_of_the_policy(chain: Chain) -> None:
     allocator = _events_allocator()
-    (parent,) = _chain(allocator, [11])
+    (parent,) = chain(allocator, [11])
     allocator.release_memory_blocks([parent])
     assert parent in allocator.policy
     (child,) = allocator.allocate_memory_blocks(1).tolist()
@@ -84,7 +75,7 @@ def test_a_chain_continued_from_a_cached_leaf_takes_it_out_of_the_policy() -> No
     allocator.check_invariants()
 
 
-def test_the_general_path_splits_new_hashes_into_runs_with_their_depths() -> None:
+def test_the_general_path_splits_new_hashes_into_runs_with_their_depths(chain: Chain) -> None:
     policy = RegistrationLog()
     allocator = KVBlockAllocator(
         total_count=12,
@@ -93,8 +84,8 @@ def test_the_general_path_splits_new_hashes_into_runs_with_their_depths() -> Non
         kv_events_capacity=100,
         eviction_policy=policy,
     )
-    (root,) = _chain(allocator, [10])
-    (holder,) = _chain(allocator, [12], parent_hash=10)
+    (root,) = chain(allocator, [10])
+    (holder,) = chain(allocator, [12], parent_hash=10)
     ids = allocator.allocate_memory_blocks(5).tolist()
     allocator.take_events()
     policy.registered.clear()
@@ -114,12 +105,12 @@ def test_the_general_path_splits_new_hashes_into_runs_with_their_depths() -> Non
     assert int(allocator.registry.parent_of[ids[3]]) == ids[2]
 
 
-def test_a_hash_repeated_in_one_call_is_held_by_its_first_block() -> None:
+def test_a_hash_repeated_in_one_call_is_held_by_its_first_block(chain: Chain) -> None:
     policy = RegistrationLog()
     allocator = KVBlockAllocator(
         total_count=8, block_size_tokens=2, device="cpu", eviction_policy=policy
     )
-    (root,) = _chain(allocator, [10])
+    (root,) = chain(allocator, [10])
     refused, first, second, third = allocator.allocate_memory_blocks(4).tolist()
     policy.registered.clear()
     held = allocator.register_kv_block_hashes([refused, first, second, third], [10, 11, 11, 12])
@@ -130,17 +121,17 @@ def test_a_hash_repeated_in_one_call_is_held_by_its_first_block() -> None:
     allocator.check_invariants()
 
 
-def test_a_hash_repeated_in_a_fresh_chain_is_held_by_its_first_block() -> None:
-    allocator = _make(LRUPolicy())
+def test_a_hash_repeated_in_a_fresh_chain_is_held_by_its_first_block(make_small: Make) -> None:
+    allocator = make_small(LRUPolicy())
     first, second, third = allocator.allocate_memory_blocks(3).tolist()
     held = allocator.register_kv_block_hashes([first, second, third], [11, 11, 12])
     assert held.tolist() == [True, False, True]
     allocator.check_invariants()
 
 
-def test_the_snapshot_lists_parents_before_children_whatever_their_hashes() -> None:
+def test_the_snapshot_lists_parents_before_children_whatever_their_hashes(chain: Chain) -> None:
     allocator = _events_allocator()
-    _chain(allocator, [50, 10, 30])
+    chain(allocator, [50, 10, 30])
     snapshot = allocator.snapshot()
     assert [event.block_hashes for event in snapshot] == [
         (wire_hash(50),),
@@ -162,7 +153,7 @@ def test_with_prefix_caching_off_registration_returns_false_flags() -> None:
 # ---------------------------------------------------------------------- retention
 
 
-def test_the_general_path_appends_to_the_last_run_and_keeps_the_lora_name() -> None:
+def test_the_general_path_appends_to_the_last_run_and_keeps_the_lora_name(chain: Chain) -> None:
     policy = RegistrationLog()
     allocator = KVBlockAllocator(
         total_count=12,
@@ -171,8 +162,8 @@ def test_the_general_path_appends_to_the_last_run_and_keeps_the_lora_name() -> N
         kv_events_capacity=100,
         eviction_policy=policy,
     )
-    _chain(allocator, [21])
-    _chain(allocator, [22])
+    chain(allocator, [21])
+    chain(allocator, [22])
     ids = allocator.allocate_memory_blocks(6).tolist()
     allocator.take_events()
     policy.registered.clear()

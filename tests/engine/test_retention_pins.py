@@ -5,18 +5,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
 from prefixcache import KVBlockAllocator
 
-
-def _chain(allocator: KVBlockAllocator, hashes: list[int], **kwargs: Any) -> list[int]:
-    ids = allocator.allocate_memory_blocks(len(hashes))
-    assert ids is not None
-    allocator.register_kv_block_hashes(ids, hashes, **kwargs)
-    return ids.tolist()
+Chain = Callable[..., list[int]]
 
 
 # ---------------------------------------------------------------------- retention
@@ -36,13 +31,13 @@ def test_retention_durations_may_be_zero_and_are_checked() -> None:
         allocator.set_retention_priority("ab", 5)
 
 
-def test_a_pin_holds_until_its_duration_has_passed() -> None:
+def test_a_pin_holds_until_its_duration_has_passed(chain: Chain) -> None:
     allocator = KVBlockAllocator(
         total_count=8, block_size_tokens=2, device="cpu", eviction_policy="priority"
     )
-    (pinned,) = _chain(allocator, [11])
+    (pinned,) = chain(allocator, [11])
     allocator.advance_clock()
-    (other,) = _chain(allocator, [21])
+    (other,) = chain(allocator, [21])
     allocator.release_memory_blocks([pinned, other])
     allocator.set_retention_priority([11], 90, duration=10)
     allocator.update_timestamps([other])  # lets the policy see the clock, well before expiry

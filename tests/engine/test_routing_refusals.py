@@ -14,11 +14,7 @@ from prefixcache.policies import LRUPolicy
 
 from prefixcache import KVBlockAllocator
 
-
-def _make(policy: Any, total_count: int = 10) -> KVBlockAllocator:
-    return KVBlockAllocator(
-        total_count=total_count, block_size_tokens=2, device="cpu", eviction_policy=policy
-    )
+Make = Callable[..., KVBlockAllocator]
 
 
 def _routing_allocator() -> KVBlockAllocator:
@@ -39,7 +35,7 @@ def _rows(count: int) -> torch.Tensor:
 # ---------------------------------------------------------------------- routing
 
 
-def test_routing_calls_say_exactly_what_is_wrong() -> None:
+def test_routing_calls_say_exactly_what_is_wrong(make_small: Make) -> None:
     allocator = _routing_allocator()
     (held,) = allocator.allocate_memory_blocks(1).tolist()
     free_id = int(allocator.pool.free_ids()[-1])
@@ -105,7 +101,7 @@ def test_routing_calls_say_exactly_what_is_wrong() -> None:
     for call, message in cases:
         with pytest.raises(Exception, match=f"^{message}$"):
             call()
-    unrouted = _make(LRUPolicy())
+    unrouted = make_small(LRUPolicy())
     with pytest.raises(
         Exception,
         match=r"^MoE routing is not configured \(set routing_num_layers and routing_top_k\)$",
