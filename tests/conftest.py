@@ -7,7 +7,8 @@ a test module cannot import this file, so the helpers reach tests as
 fixtures: ``digest`` returns :func:`state_digest` and ``refuses`` returns
 :func:`assert_refused`. Likewise ``make_small``, ``chain``, ``flaky_lru`` and
 ``injected_fault`` hand the engine and fault tests one copy of their small
-allocator, chain registration and failing-on-cue LRU.
+allocator, chain registration and failing-on-cue LRU; ``vllm_events`` the
+wire tests' re-declaration of vLLM's event structs.
 """
 
 from __future__ import annotations
@@ -227,6 +228,53 @@ def flaky_lru() -> type[FlakyLRU]:
 def injected_fault() -> type[InjectedFault]:
     """The :class:`InjectedFault` class, for ``pytest.raises`` and patched collaborators."""
     return InjectedFault
+
+
+@pytest.fixture(scope="session")
+def vllm_events() -> SimpleNamespace:
+    """vLLM 0.33's KV event structs, re-declared: decode a published batch as vLLM would.
+
+    ``Batch`` (``ts``, ``events``, ``data_parallel_rank``) and the event types
+    ``BlockStoredV``, ``BlockRemovedV`` and ``ClearedV``, tagged by vLLM's names.
+    Built with ``msgspec.defstruct`` so that no annotation has to be resolved
+    in this module; skips where msgspec (the events extra) is not installed.
+    """
+    msgspec = pytest.importorskip("msgspec", reason="the events extra (msgspec) is not installed")
+    event = msgspec.defstruct("_Event", [], tag=True, omit_defaults=True)
+    stored = msgspec.defstruct(
+        "BlockStoredV",
+        [
+            ("block_hashes", list[int]),
+            ("parent_block_hash", int | None),
+            ("token_ids", list[int]),
+            ("block_size", int),
+            ("lora_id", int | None),
+            ("medium", str | None),
+            ("lora_name", str | None),
+            ("extra_keys", list | None, None),
+        ],
+        bases=(event,),
+        tag="BlockStored",
+    )
+    removed = msgspec.defstruct(
+        "BlockRemovedV",
+        [("block_hashes", list[int]), ("medium", str | None)],
+        bases=(event,),
+        tag="BlockRemoved",
+    )
+    cleared = msgspec.defstruct("ClearedV", [], bases=(event,), tag="AllBlocksCleared")
+    batch = msgspec.defstruct(
+        "Batch",
+        [
+            ("ts", float),
+            ("events", list[stored | removed | cleared]),
+            ("data_parallel_rank", int | None, None),
+        ],
+        array_like=True,
+    )
+    return SimpleNamespace(
+        Batch=batch, BlockStoredV=stored, BlockRemovedV=removed, ClearedV=cleared
+    )
 
 
 @pytest.fixture(params=["lru", "ref_zero"])
