@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,37 +30,6 @@ VLLM_STORED_KEYS = [
     "lora_name",
     "group_idx",
 ]
-
-
-# vLLM 0.33's structs, re-declared (module level: msgspec resolves the annotations here).
-class _Event(msgspec.Struct, tag=True, omit_defaults=True):
-    pass
-
-
-class BlockStoredV(_Event, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list | None = None
-
-
-class BlockRemovedV(_Event, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: str | None
-
-
-class ClearedV(_Event, tag="AllBlocksCleared"):
-    pass
-
-
-class Batch(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[BlockStoredV | BlockRemovedV | ClearedV]
-    data_parallel_rank: int | None = None
 
 
 @pytest.fixture
@@ -119,15 +89,16 @@ def test_round_trip_vllm_encoding(context: zmq.Context) -> None:
     assert msgspec.msgpack.decode(payload2)[1] == [{"type": "AllBlocksCleared"}]
 
 
-def test_vllm_decodes_our_payload() -> None:
-    """vLLM 0.33's own msgspec structs (re-declared here) decode the payload."""
+def test_vllm_decodes_our_payload(vllm_events: SimpleNamespace) -> None:
+    """vLLM 0.33's own msgspec structs (re-declared in conftest) decode the payload."""
 
     batch = msgspec.msgpack.decode(
-        encode_batch([STORED, REMOVED, AllBlocksCleared()], 1.0), type=Batch
+        encode_batch([STORED, REMOVED, AllBlocksCleared()], 1.0), type=vllm_events.Batch
     )
     assert batch.events[0].block_hashes == [11, 12]
     assert batch.events[0].extra_keys is None
-    assert isinstance(batch.events[1], BlockRemovedV) and isinstance(batch.events[2], ClearedV)
+    assert isinstance(batch.events[1], vllm_events.BlockRemovedV)
+    assert isinstance(batch.events[2], vllm_events.ClearedV)
     assert batch.data_parallel_rank == 0
 
 
