@@ -142,15 +142,19 @@ def make() -> Callable[..., KVBlockAllocator]:
     return make_allocator
 
 
-def small_allocator(policy: Any = None, total_count: int = 10, **kwargs: Any) -> KVBlockAllocator:
+def small_allocator(policy: Any = "lru", total_count: int = 10, **kwargs: Any) -> KVBlockAllocator:
     """A CPU allocator of 2-token blocks, ``total_count`` of them (one reserved).
 
-    ``policy`` (a name or an instance) is passed on when given, else the
-    allocator's default; ``kwargs`` (``paused_count=3``, ...) go to the constructor.
+    ``policy`` is a policy name or instance (LRU, the allocator's default, unless
+    given); ``kwargs`` (``paused_count=3``, ``hash_salt=...``) go to the constructor.
     """
-    if policy is not None:
-        kwargs["eviction_policy"] = policy
-    return KVBlockAllocator(total_count=total_count, block_size_tokens=2, device="cpu", **kwargs)
+    return KVBlockAllocator(
+        total_count=total_count,
+        block_size_tokens=2,
+        device="cpu",
+        eviction_policy=policy,
+        **kwargs,
+    )
 
 
 def allocate_chain(allocator: KVBlockAllocator, hashes: list[int], **kwargs: Any) -> list[int]:
