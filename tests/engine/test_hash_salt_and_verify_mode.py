@@ -7,6 +7,8 @@ lists must hold ints.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -16,41 +18,22 @@ from prefixcache import (
     compute_block_hashes,
 )
 
-
-def make(policy: str = "lru", **kwargs: object) -> KVBlockAllocator:
-    options: dict[str, object] = {
-        "total_count": 10,
-        "block_size_tokens": 2,
-        "device": "cpu",
-        "eviction_policy": policy,
-    }
-    options.update(kwargs)
-    return KVBlockAllocator(**options)
-
-
-def with_cached_chain(policy: str = "lru") -> tuple[KVBlockAllocator, list[int]]:
-    """An allocator with one active unhashed block and a cached chain of two."""
-    allocator = make(policy)
-    allocator.allocate_memory_blocks(1)
-    chain = allocator.allocate_memory_blocks(2)
-    allocator.register_kv_block_hashes(chain, [11, 12])
-    allocator.release_memory_blocks(chain)
-    allocator.check_invariants()
-    return allocator, chain.tolist()
+Make = Callable[..., KVBlockAllocator]
+CachedChain = tuple[KVBlockAllocator, list[int]]
 
 
 # ---------------------------------------------------------------------- hashing and verify mode
 
 
-def test_the_configured_salt_separates_hash_chains() -> None:
+def test_the_configured_salt_separates_hash_chains(make_small: Make) -> None:
     tokens = [1, 2, 3, 4]
-    salted = make(hash_salt="weights-v2").hash_tokens(tokens)
-    assert salted != make().hash_tokens(tokens)
+    salted = make_small(hash_salt="weights-v2").hash_tokens(tokens)
+    assert salted != make_small().hash_tokens(tokens)
     assert salted == compute_block_hashes(tokens, 2, extra_keys=["weights-v2"])
 
 
-def test_verify_mode_keeps_fingerprints_of_blocks_after_a_refused_hash() -> None:
-    allocator = make(verify_prefix_hits=True)
+def test_verify_mode_keeps_fingerprints_of_blocks_after_a_refused_hash(make_small: Make) -> None:
+    allocator = make_small(verify_prefix_hits=True)
     first = allocator.allocate_memory_blocks(1)
     allocator.register_kv_block_hashes(first, [11], fingerprints=[111])
     # Block 0 of this chain repeats hash 11 (refused: another block holds it);
@@ -63,8 +46,8 @@ def test_verify_mode_keeps_fingerprints_of_blocks_after_a_refused_hash() -> None
     assert allocator.match_prefix([11, 12], fingerprints=[111, 999]).tolist() == [int(first[0])]
 
 
-def test_hash_lists_must_hold_ints() -> None:
-    allocator, _ = with_cached_chain()
+def test_hash_lists_must_hold_ints(cached_chain: CachedChain) -> None:
+    allocator, _ = cached_chain
     assert allocator.match_prefix([np.int64(11), np.uint8(12)]).tolist() == [1, 2]
     with pytest.raises(InvalidTensorError, match="only ints"):
         allocator.match_prefix([11, 12.0])

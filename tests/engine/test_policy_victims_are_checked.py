@@ -6,6 +6,8 @@ is refused; the ref-zero policy refuses every call that would track a block.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from prefixcache.policies import LRUPolicy, RefZeroPolicy
 
@@ -14,16 +16,7 @@ from prefixcache import (
     KVBlockAllocator,
 )
 
-
-def make(policy: str = "lru", **kwargs: object) -> KVBlockAllocator:
-    options: dict[str, object] = {
-        "total_count": 10,
-        "block_size_tokens": 2,
-        "device": "cpu",
-        "eviction_policy": policy,
-    }
-    options.update(kwargs)
-    return KVBlockAllocator(**options)
+Make = Callable[..., KVBlockAllocator]
 
 
 class VictimOfChoice(LRUPolicy):
@@ -42,8 +35,8 @@ class VictimOfChoice(LRUPolicy):
 
 
 @pytest.mark.parametrize("victim", [0, 1, 99, -1], ids=["active", "inner", "past", "negative"])
-def test_a_victim_that_is_not_a_cached_leaf_is_refused(victim: int) -> None:
-    allocator = make(VictimOfChoice(victim))
+def test_a_victim_that_is_not_a_cached_leaf_is_refused(victim: int, make_small: Make) -> None:
+    allocator = make_small(VictimOfChoice(victim))
     allocator.allocate_memory_blocks(1)  # block 0 stays active
     chain = allocator.allocate_memory_blocks(2)  # blocks 1 (inner) and 2 (leaf)
     allocator.register_kv_block_hashes(chain, [11, 12])
