@@ -71,6 +71,25 @@ def _zipf_weights(num_items: int, exponent: float) -> list[float]:
     return [1.0 / (rank**exponent) for rank in range(1, num_items + 1)]
 
 
+def _check_exponent(zipf_exponent: float) -> None:
+    """Refuse a negative (or NaN) popularity skew."""
+    if not zipf_exponent >= 0:
+        raise InvalidArgumentError(f"zipf_exponent must be >= 0, got {zipf_exponent!r}")
+
+
+def _check_document_range(min_document_blocks: int, max_document_blocks: int) -> None:
+    """Refuse a longest document shorter than the shortest."""
+    if max_document_blocks < min_document_blocks:
+        raise InvalidArgumentError(
+            f"max_document_blocks {max_document_blocks} < min_document_blocks {min_document_blocks}"
+        )
+
+
+def _blocks(fresh: Iterator[int], num_blocks: int) -> list[int]:
+    """``num_blocks`` hash IDs never used before (the next ones of ``fresh``)."""
+    return [next(fresh) for _ in range(num_blocks)]
+
+
 def shared_system_prompts(
     num_requests: int,
     *,
@@ -113,17 +132,16 @@ def shared_system_prompts(
         max_user_blocks=max_user_blocks,
         mean_gap_ms=mean_gap_ms,
     )
-    if zipf_exponent < 0:
-        raise InvalidArgumentError(f"zipf_exponent must be >= 0, got {zipf_exponent!r}")
+    _check_exponent(zipf_exponent)
     rng = random.Random(seed)
     fresh = count()
-    prompts = [[next(fresh) for _ in range(prompt_blocks)] for _ in range(num_prompts)]
+    prompts = [_blocks(fresh, prompt_blocks) for _ in range(num_prompts)]
     weights = _zipf_weights(num_prompts, zipf_exponent)
     arrivals = _arrivals(rng, mean_gap_ms)
     trace = []
     for _ in range(num_requests):
         prompt = rng.choices(prompts, weights)[0]
-        tail = [next(fresh) for _ in range(rng.randint(1, max_user_blocks))]
+        tail = _blocks(fresh, rng.randint(1, max_user_blocks))
         trace.append(_request(rng, next(arrivals), prompt + tail))
     return trace
 
@@ -177,7 +195,7 @@ def multi_turn_chats(
     fresh = count()
 
     def open_chat() -> list:
-        prompt = [next(fresh) for _ in range(rng.randint(1, first_turn_blocks))]
+        prompt = _blocks(fresh, rng.randint(1, first_turn_blocks))
         return [prompt, rng.randint(1, max_turns)]  # [prompt so far, turns left]
 
     chats = [open_chat() for _ in range(num_conversations)]
@@ -190,7 +208,7 @@ def multi_turn_chats(
         if turns_left <= 1:
             chats[index] = open_chat()
         else:
-            grown = prompt + [next(fresh) for _ in range(rng.randint(1, max_turn_blocks))]
+            grown = prompt + _blocks(fresh, rng.randint(1, max_turn_blocks))
             chats[index] = [grown, turns_left - 1]
     return trace
 
@@ -244,21 +262,18 @@ def documents_with_hot_prefixes(
         mean_gap_ms=mean_gap_ms,
     )
     require_fraction(scan_fraction, "scan_fraction")
-    if max_document_blocks < min_document_blocks:
-        raise InvalidArgumentError(
-            f"max_document_blocks {max_document_blocks} < min_document_blocks {min_document_blocks}"
-        )
+    _check_document_range(min_document_blocks, max_document_blocks)
     rng = random.Random(seed)
     fresh = count()
-    hot = [[next(fresh) for _ in range(hot_prefix_blocks)] for _ in range(num_hot_prefixes)]
+    hot = [_blocks(fresh, hot_prefix_blocks) for _ in range(num_hot_prefixes)]
     arrivals = _arrivals(rng, mean_gap_ms)
     trace = []
     for _ in range(num_requests):
         if rng.random() < scan_fraction:
             size = rng.randint(min_document_blocks, max_document_blocks)
-            hash_ids = [next(fresh) for _ in range(size)]
+            hash_ids = _blocks(fresh, size)
         else:
-            question = [next(fresh) for _ in range(rng.randint(1, max_question_blocks))]
+            question = _blocks(fresh, rng.randint(1, max_question_blocks))
             hash_ids = rng.choice(hot) + question
         trace.append(_request(rng, next(arrivals), hash_ids))
     return trace
@@ -322,7 +337,7 @@ def agent_tool_loops(
     require_fraction(retry_fraction, "retry_fraction")
     rng = random.Random(seed)
     fresh = count()
-    agents = [[next(fresh) for _ in range(agent_prompt_blocks)] for _ in range(num_agents)]
+    agents = [_blocks(fresh, agent_prompt_blocks) for _ in range(num_agents)]
     weights = _zipf_weights(num_agents, 1.0)
 
     def new_session() -> tuple[list[list[int]], int]:
@@ -339,7 +354,7 @@ def agent_tool_loops(
         base = steps[-1]
         if len(steps) > 1 and rng.random() < retry_fraction:
             base = steps[rng.randrange(len(steps) - 1)]  # retry from an earlier step
-        prompt = base + [next(fresh) for _ in range(rng.randint(1, max_tool_blocks))]
+        prompt = base + _blocks(fresh, rng.randint(1, max_tool_blocks))
         trace.append(_request(rng, next(arrivals), prompt))
         sessions[index] = new_session() if steps_left <= 1 else ([*steps, prompt], steps_left - 1)
     return trace
@@ -395,17 +410,13 @@ def document_qa(
         max_question_blocks=max_question_blocks,
         mean_gap_ms=mean_gap_ms,
     )
-    if max_document_blocks < min_document_blocks:
-        raise InvalidArgumentError(
-            f"max_document_blocks {max_document_blocks} < min_document_blocks {min_document_blocks}"
-        )
-    if not zipf_exponent >= 0:
-        raise InvalidArgumentError(f"zipf_exponent must be >= 0, got {zipf_exponent!r}")
+    _check_document_range(min_document_blocks, max_document_blocks)
+    _check_exponent(zipf_exponent)
     require_fraction(follow_up_fraction, "follow_up_fraction")
     rng = random.Random(seed)
     fresh = count()
     documents = [
-        [next(fresh) for _ in range(rng.randint(min_document_blocks, max_document_blocks))]
+        _blocks(fresh, rng.randint(min_document_blocks, max_document_blocks))
         for _ in range(num_documents)
     ]
     weights = _zipf_weights(num_documents, zipf_exponent)
@@ -413,7 +424,7 @@ def document_qa(
     arrivals = _arrivals(rng, mean_gap_ms)
     trace = []
     for _ in range(num_requests):
-        question = [next(fresh) for _ in range(rng.randint(1, max_question_blocks))]
+        question = _blocks(fresh, rng.randint(1, max_question_blocks))
         if recent and rng.random() < follow_up_fraction:
             prompt = recent.pop(rng.randrange(len(recent))) + question
         else:

@@ -106,6 +106,7 @@ def test_document_questions_start_with_a_shared_document_or_follow_one_up() -> N
     [
         lambda: workloads.shared_system_prompts(0),
         lambda: workloads.shared_system_prompts(5, zipf_exponent=-1.0),
+        lambda: workloads.shared_system_prompts(5, zipf_exponent=float("nan")),  # as document_qa
         lambda: workloads.multi_turn_chats(5, max_turns=0),
         lambda: workloads.documents_with_hot_prefixes(5, scan_fraction=1.5),
         lambda: workloads.documents_with_hot_prefixes(
