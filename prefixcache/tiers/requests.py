@@ -234,9 +234,7 @@ class RequestCache:
         Raises:
             InvalidArgumentError: the request is unknown.
         """
-        request = self._requests.get(request_id)
-        if request is None:
-            raise InvalidArgumentError(f"request {request_id!r} is unknown")
+        request = self._known(request_id)
         if request.running:
             self.tiered.release(request.block_ids)
         del self._requests[request_id]
@@ -255,10 +253,7 @@ class RequestCache:
         Raises:
             InvalidArgumentError: the request is unknown.
         """
-        request = self._requests.get(request_id)
-        if request is None:
-            raise InvalidArgumentError(f"request {request_id!r} is unknown")
-        return request.epoch
+        return self._known(request_id).epoch
 
     def block_ids_of(self, request_id: Hashable) -> np.ndarray:
         """The running request's block IDs, in order (int32, a copy).
@@ -275,6 +270,12 @@ class RequestCache:
             InvalidArgumentError: the request is not running.
         """
         return list(self._running(request_id).hashes)
+
+    def _known(self, request_id: Hashable) -> _Request:
+        request = self._requests.get(request_id)
+        if request is None:
+            raise InvalidArgumentError(f"request {request_id!r} is unknown")
+        return request
 
     def _running(self, request_id: Hashable) -> _Request:
         request = self._requests.get(request_id)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from prefixcache import InvalidArgumentError
 from prefixcache.tiers import HostTier
 
 BLOCK = 4
@@ -62,3 +65,17 @@ def test_a_parent_with_two_children_stays_until_both_are_gone():
     tier.put(5, None, depth=0)  # the other child (or 4): never the parent first
     assert 1 in tier or (2 not in tier and 3 not in tier)
     tier.check()
+
+
+def test_finish_and_epoch_of_refuse_an_unknown_request(make_loop):
+    loop = make_loop(5, 2)
+    loop.admit("a", prompt(1, 2))
+    before = (loop.requests.hashes_of("a"), loop.requests.counters(), loop.tiered.stats())
+    for call in (loop.requests.finish, loop.requests.epoch_of):
+        with pytest.raises(InvalidArgumentError, match="request 'b' is unknown"):
+            call("b")
+    assert (loop.requests.hashes_of("a"), loop.requests.counters(), loop.tiered.stats()) == before
+    loop.requests.finish("a")
+    with pytest.raises(InvalidArgumentError, match="request 'a' is unknown"):
+        loop.requests.finish("a")  # finished: forgotten
+    loop.tiered.check()
