@@ -77,13 +77,7 @@ def test_a_chain_continued_from_a_cached_leaf_takes_it_out_of_the_policy(chain: 
 
 def test_the_general_path_splits_new_hashes_into_runs_with_their_depths(chain: Chain) -> None:
     policy = RegistrationLog()
-    allocator = KVBlockAllocator(
-        total_count=12,
-        block_size_tokens=2,
-        device="cpu",
-        kv_events_capacity=100,
-        eviction_policy=policy,
-    )
+    allocator = _events_allocator(eviction_policy=policy)
     (root,) = chain(allocator, [10])
     (holder,) = chain(allocator, [12], parent_hash=10)
     ids = allocator.allocate_memory_blocks(5).tolist()
@@ -155,13 +149,7 @@ def test_with_prefix_caching_off_registration_returns_false_flags() -> None:
 
 def test_the_general_path_appends_to_the_last_run_and_keeps_the_lora_name(chain: Chain) -> None:
     policy = RegistrationLog()
-    allocator = KVBlockAllocator(
-        total_count=12,
-        block_size_tokens=2,
-        device="cpu",
-        kv_events_capacity=100,
-        eviction_policy=policy,
-    )
+    allocator = _events_allocator(eviction_policy=policy)
     chain(allocator, [21])
     chain(allocator, [22])
     ids = allocator.allocate_memory_blocks(6).tolist()
