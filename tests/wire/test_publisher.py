@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -32,36 +33,15 @@ VLLM_STORED_KEYS = [
 ]
 
 
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-def subscribe(context: zmq.Context, publisher: ZmqEventPublisher, topic: bytes = b"") -> zmq.Socket:
-    """A SUB socket that provably receives: probe batches until one arrives (slow joiner)."""
-    sub = context.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, topic)
-    sub.connect(publisher.endpoint)
-    for _ in range(100):
-        publisher.publish([AllBlocksCleared()])
-        if sub.poll(30):
-            while sub.poll(30):
-                sub.recv_multipart()
-            return sub
-    raise AssertionError("subscriber never connected")
-
-
 def receive(sub: zmq.Socket) -> list[bytes]:
     assert sub.poll(TIMEOUT_MS), "no message"
     return sub.recv_multipart()
 
 
-def test_round_trip_vllm_encoding(context: zmq.Context) -> None:
+def test_round_trip_vllm_encoding(context: zmq.Context, subscribe: Callable[..., Any]) -> None:
     with ZmqEventPublisher(LOOPBACK, topic="kv", data_parallel_rank=3, clock=lambda: 12.5) as pub:
         assert pub.endpoint.startswith("tcp://127.0.0.1:")
-        sub = subscribe(context, pub, b"kv")
+        sub, _ = subscribe(context, pub, topic=b"kv")
         first = pub.publish([STORED, REMOVED])
         second = pub.publish([AllBlocksCleared()])
         frames = [receive(sub), receive(sub)]
@@ -102,10 +82,12 @@ def test_vllm_decodes_our_payload(vllm_events: SimpleNamespace) -> None:
     assert batch.data_parallel_rank == 0
 
 
-def test_round_trip_legacy_array_encoding(context: zmq.Context) -> None:
+def test_round_trip_legacy_array_encoding(
+    context: zmq.Context, subscribe: Callable[..., Any]
+) -> None:
     lora = BlockStored((5,), 4, (1, 2, 3, 4), 4, lora_name="ad", medium="GPU")
     with ZmqEventPublisher(LOOPBACK, encoding="legacy_array") as pub:
-        sub = subscribe(context, pub)
+        sub, _ = subscribe(context, pub)
         pub.publish([STORED, lora, REMOVED, AllBlocksCleared()])
         _, _, payload = receive(sub)
     _, events, _ = msgspec.msgpack.decode(payload)
@@ -117,26 +99,15 @@ def test_round_trip_legacy_array_encoding(context: zmq.Context) -> None:
     ]
 
 
-def replay(context: zmq.Context, endpoint: str, start: int) -> list[list[bytes]]:
-    dealer = context.socket(zmq.DEALER)
-    dealer.connect(endpoint)
-    dealer.send_multipart([b"", start.to_bytes(8, "big")])
-    replies = []
-    while True:
-        assert dealer.poll(TIMEOUT_MS), "replay did not answer"
-        frames = dealer.recv_multipart()
-        replies.append(frames)
-        if frames[2] == END_SEQ:
-            return replies
-
-
-def test_replay_sends_buffered_batches_then_end_marker(context: zmq.Context) -> None:
+def test_replay_sends_buffered_batches_then_end_marker(
+    context: zmq.Context, replay_from: Callable[..., Any]
+) -> None:
     with ZmqEventPublisher(LOOPBACK, LOOPBACK, topic="t", buffer_size=3) as pub:
         assert pub.replay_endpoint is not None
         for block_hash in range(1, 6):  # seqs 0..4; the buffer keeps 2, 3, 4
             pub.publish([BlockRemoved((block_hash,))])
-        late = replay(context, pub.replay_endpoint, 3)
-        everything = replay(context, pub.replay_endpoint, 0)
+        late = replay_from(context, pub.replay_endpoint, (3).to_bytes(8, "big"))
+        everything = replay_from(context, pub.replay_endpoint, (0).to_bytes(8, "big"))
         assert pub.num_replay_requests == 2
     assert [frames[:3] for frames in late[:-1]] == [
         [b"", b"t", (3).to_bytes(8, "big")],

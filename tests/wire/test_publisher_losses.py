@@ -7,68 +7,30 @@ counted, and the replay socket gives back every counted batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 zmq = pytest.importorskip("zmq")
 msgspec = pytest.importorskip("msgspec")
 
-from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
+from prefixcache.engine.events import BlockRemoved, BlockStored  # noqa: E402
 from prefixcache.wire.publisher import END_SEQ, ZmqEventPublisher, encode_event  # noqa: E402
 
 LOOPBACK = "tcp://127.0.0.1:0"
-TIMEOUT_MS = 5000  # a bound on waiting for a message, never a timing assertion
 MAX_BATCHES = 3000  # a bound on the flood: about 100 MB at most
 BIG = BlockRemoved(tuple(range(1, 4097)))  # about 36 KB of msgpack per batch
 
 
-@pytest.fixture
-def context() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-def connected_subscriber(
-    context: zmq.Context, publisher: ZmqEventPublisher, *, hwm: int = 0
-) -> tuple[zmq.Socket, int]:
-    """A SUB socket that provably receives; returns it and the next sequence number it reads."""
-    sub = context.socket(zmq.SUB)
-    if hwm:
-        sub.setsockopt(zmq.RCVHWM, hwm)
-        sub.setsockopt(zmq.RCVBUF, 4096)  # a small kernel buffer: the backlog reaches zmq soon
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(publisher.endpoint)
-    for _ in range(200):
-        publisher.publish([AllBlocksCleared()])
-        if sub.poll(25):
-            while sub.poll(25):
-                sub.recv_multipart()
-            return sub, publisher.next_seq
-    raise AssertionError("subscriber never connected")
-
-
-def replay_from(context: zmq.Context, endpoint: str, start: bytes) -> list[list[bytes]]:
-    dealer = context.socket(zmq.DEALER)
-    dealer.connect(endpoint)
-    dealer.send_multipart([b"", start])
-    replies = []
-    while True:
-        assert dealer.poll(TIMEOUT_MS), "replay did not answer"
-        frames = dealer.recv_multipart()
-        replies.append(frames)
-        if frames[2] == END_SEQ:
-            dealer.close(linger=0)
-            return replies
-
-
-def test_a_slow_subscriber_makes_counted_and_replayable_drops(context: zmq.Context) -> None:
+def test_a_slow_subscriber_makes_counted_and_replayable_drops(
+    context: zmq.Context, subscribe: Callable[..., Any], replay_from: Callable[..., Any]
+) -> None:
     with ZmqEventPublisher(
         LOOPBACK, LOOPBACK, send_high_water_mark=4, buffer_size=MAX_BATCHES + 400
     ) as pub:
         assert pub.replay_endpoint is not None
-        slow, first = connected_subscriber(context, pub, hwm=4)
+        slow, first = subscribe(context, pub, hwm=4)
         sent = 0
         while pub.num_dropped_batches < 5 and sent < MAX_BATCHES:
             pub.publish([BIG])  # the subscriber reads nothing meanwhile
@@ -89,9 +51,11 @@ def test_a_slow_subscriber_makes_counted_and_replayable_drops(context: zmq.Conte
         assert missing <= replayed  # a consumer that saw the gap gets every lost batch back
 
 
-def test_a_fast_subscriber_sees_no_drops(context: zmq.Context) -> None:
+def test_a_fast_subscriber_sees_no_drops(
+    context: zmq.Context, subscribe: Callable[..., Any]
+) -> None:
     with ZmqEventPublisher(LOOPBACK) as pub:
-        sub, first = connected_subscriber(context, pub)
+        sub, first = subscribe(context, pub)
         for block_hash in range(1, 201):
             pub.publish([BlockRemoved((block_hash,))])
         seqs = [int.from_bytes(sub.recv_multipart()[1], "big") for _ in range(200)]
@@ -105,7 +69,7 @@ def test_a_fast_subscriber_sees_no_drops(context: zmq.Context) -> None:
     [(b"", [0, 1, 2]), (b"\x02", [2]), ((1).to_bytes(4, "big"), [1, 2]), (b"\x00" * 9, [0, 1, 2])],
 )
 def test_replay_start_frames_of_any_length_are_answered_as_vllm_does(
-    context: zmq.Context, start: bytes, expected: list[int]
+    context: zmq.Context, start: bytes, expected: list[int], replay_from: Callable[..., Any]
 ) -> None:
     with ZmqEventPublisher(LOOPBACK, LOOPBACK) as pub:
         assert pub.replay_endpoint is not None
