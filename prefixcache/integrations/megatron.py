@@ -222,6 +222,12 @@ class MegatronKVBlockAllocator:
                 self.allocator.events, self._removed, keep_events
             )
         self._keep_events = keep_events
+        self._watch = watch
+        # The native engine's calls validate their arguments in C++ and raise the
+        # library's errors before any change, so the hot methods call them directly
+        # (the facade's checks, conversions and change hand-off cost 2-10 us a call).
+        # Kept events need the facade (it records them), as does the Python engine.
+        self._core: Any = None if keep_events else getattr(self.allocator._engine, "core", None)
         self._caches = enable_prefix_caching and caches
         self._is_lru = enable_prefix_caching and prefix_caching_eviction_policy == _LRU
         self._pending_removed: list[int] = []
@@ -239,6 +245,9 @@ class MegatronKVBlockAllocator:
             # NumPy views sharing the mirrors' memory: this class writes through them
             # (an indexed NumPy write costs ~1 us, a torch one ~5-15 us on CPU).
             self._refs = self._ref_counts.numpy()
+            # Scratch for the duplicate check of a pin (_has_duplicates): O(k), no sort.
+            self._marks = np.zeros(total_count, dtype=np.intp)
+            self._order = np.arange(total_count, dtype=np.intp)
             self._hashes = self.block_hashes.numpy()
             if self._is_lru:
                 self._stamps = self.block_timestamps.numpy()
@@ -330,9 +339,22 @@ class MegatronKVBlockAllocator:
 
         Complexity: O(num_blocks) vectorised, plus O(log n) per evicted block.
         """
-        block_ids = self._run(self.allocator.allocate_memory_blocks, num_blocks)
-        if block_ids is None:
-            return None
+        core = self._core
+        if core is None:
+            block_ids = self._run(self.allocator.allocate_memory_blocks, num_blocks)
+            if block_ids is None:
+                return None
+        else:
+            buffer = core.allocate(num_blocks)  # None before any change when short
+            if buffer is None:
+                return None
+            if self._watch:
+                self._drain()  # what the allocation evicted
+            block_ids = (
+                torch.frombuffer(buffer, dtype=torch.int32)
+                if len(buffer)
+                else torch.empty(0, dtype=torch.int32)
+            )
         if self.enable_prefix_caching and len(block_ids):
             ids = block_ids.numpy()
             self._refs[ids] = 1
@@ -351,7 +373,13 @@ class MegatronKVBlockAllocator:
         """
         if blocks.numel() == 0:
             return
-        self._run(self.allocator.release_memory_blocks, blocks)
+        core = self._core
+        if core is None:
+            self._run(self.allocator.release_memory_blocks, blocks)
+        else:
+            core.release_request(blocks)
+            if self._watch:
+                self._drain()
         if self.enable_prefix_caching:
             np.subtract.at(self._refs, _as_array(blocks), 1)
 
@@ -392,12 +420,15 @@ class MegatronKVBlockAllocator:
         """
         if not self.enable_prefix_caching or not block_ids:
             return
-        ids, hashes = [int(b) for b in block_ids], [int(h) for h in block_hashes]
-        parents = [0] * len(ids) if parent_hashes is None else [int(p) for p in parent_hashes]
+        ids, hashes = list(map(int, block_ids)), list(map(int, block_hashes))
+        parents = [0] * len(ids) if parent_hashes is None else list(map(int, parent_hashes))
         if not len(ids) == len(hashes) == len(parents):
             raise InvalidArgumentError(
                 f"{len(ids)} block IDs, {len(hashes)} hashes, {len(parents)} parent hashes"
             )
+        if parents[1:] == hashes[:-1]:  # one chain (what Megatron's context passes)
+            self._register_run(ids, hashes, parents[0])
+            return
         start = 0
         for end in range(1, len(ids) + 1):
             if end == len(ids) or parents[end] != hashes[end - 1]:
@@ -405,15 +436,22 @@ class MegatronKVBlockAllocator:
                 start = end
 
     def _register_run(self, ids: list[int], hashes: list[int], parent: int) -> None:
-        known = parent != 0 and parent in self.kv_hash_to_block_id
-        holds = self._run(
-            self.allocator.register_kv_block_hashes,
-            ids,
-            hashes,
-            parent_hash=parent if known else None,
-        ).tolist()
-        parent_id = self.kv_hash_to_block_id[parent] if known else -1
         table = self.kv_hash_to_block_id
+        known = parent != 0 and parent in table
+        parent_id = table[parent] if known else -1
+        if self._core is not None:
+            holds_buffer, new_buffer = self._core.register(ids, hashes, parent if known else None)
+            if np.frombuffer(new_buffer, dtype=np.bool_).all():
+                self._mirror_new_chain(ids, hashes, parent_id)
+                return
+            holds = np.frombuffer(holds_buffer, dtype=np.bool_).tolist()
+        else:
+            holds = self._run(
+                self.allocator.register_kv_block_hashes,
+                ids,
+                hashes,
+                parent_hash=parent if known else None,
+            ).tolist()
         new_ids, new_hashes, new_parents = [], [], []
         for block_id, block_hash, held in zip(ids, hashes, holds, strict=True):
             if held and table.get(block_hash) != block_id:
@@ -429,6 +467,17 @@ class MegatronKVBlockAllocator:
             self._parents[new_ids] = new_parents
             np.add.at(self._children, [p for p in new_parents if p >= 0], 1)
 
+    def _mirror_new_chain(self, ids: list[int], hashes: list[int], parent_id: int) -> None:
+        """Mirror a run that the engine registered whole: block ``i``'s parent is block ``i-1``."""
+        self.kv_hash_to_block_id.update(zip(hashes, ids, strict=True))
+        self._hashes[ids] = hashes
+        if self._is_lru:
+            parents = [parent_id, *ids[:-1]]
+            self._parents[ids] = parents
+            # Distinct parents (fresh blocks and the run's parent): a plain indexed add.
+            with_parent = parents if parent_id >= 0 else parents[1:]
+            self._children[with_parent] += 1
+
     def update_timestamps(self, block_ids: torch.Tensor) -> None:
         """Mark blocks used at the context's clock (LRU mode; a no-op otherwise).
 
@@ -436,7 +485,10 @@ class MegatronKVBlockAllocator:
         """
         if not self._is_lru or block_ids.numel() == 0:
             return
-        self._run(self.allocator.update_timestamps, block_ids)
+        if self._core is None:
+            self._run(self.allocator.update_timestamps, block_ids)
+        else:
+            self._core.touch(block_ids)  # deregisters nothing
         self._stamps[_as_array(block_ids)] = self.context.prefix_cache_lru_clock
 
     def get_evictable_block_count(self) -> torch.Tensor:
@@ -464,6 +516,12 @@ class MegatronKVBlockAllocator:
                 self._deregister(self._pending_removed)
                 self._pending_removed = []
 
+    def _drain(self) -> None:
+        """Mirror what the native engine deregistered since the last call (fast paths)."""
+        removed = self._core.take_changes()[1]
+        if removed:
+            self._deregister(removed)
+
     def _removed(self, block_hashes: list[int]) -> None:
         self._pending_removed.extend(block_hashes)
 
@@ -484,6 +542,8 @@ class MegatronKVBlockAllocator:
     def _write_ref_counts(self, index: Any, value: Any) -> None:
         """Apply a caller's ``block_ref_counts[index] = value`` as references taken or dropped."""
         refs = self._refs
+        if self._core is not None and self._pinned_by_one(index, value):
+            return
         if isinstance(index, torch.Tensor) and index.dim() == 1 and not index.is_floating_point():
             touched = np.unique(_as_array(index))  # Megatron's case: a vector of block IDs
         else:
@@ -508,6 +568,44 @@ class MegatronKVBlockAllocator:
             if taken.size:
                 self._run(self.allocator.release_memory_blocks, taken)
             raise
+
+    def _pinned_by_one(self, index: Any, value: Any) -> bool:
+        """Apply Megatron's ``refs[ids] += 1`` (or ``-= 1``) on distinct IDs; False if not that.
+
+        The native engine validates the IDs and references before any change,
+        so the mirror is written only after it accepted the pin or release.
+        """
+        if not (
+            isinstance(index, torch.Tensor)
+            and isinstance(value, torch.Tensor)
+            and index.dim() == 1
+            and index.is_cpu
+            and value.is_cpu
+            and value.shape == index.shape
+            and not index.is_floating_point()
+            and index.dtype != torch.bool
+        ):
+            return False
+        # intp: NumPy converts other index dtypes on every fancy index.
+        ids, new = index.numpy().astype(np.intp, copy=False), value.numpy()
+        if len(ids) == 0 or self._has_duplicates(ids):
+            return False
+        delta = new - self._refs[ids]
+        if (delta == 1).all():
+            self._core.acquire(ids)
+        elif (delta == -1).all():
+            self._core.release_request(ids)
+            self._drain()
+        else:
+            return False
+        self._refs[ids] = new
+        return True
+
+    def _has_duplicates(self, ids: np.ndarray) -> bool:
+        """Whether ``ids`` (in range) repeats an ID: O(k) with a scratch array, no sort."""
+        order = self._order[: len(ids)]
+        self._marks[ids] = order
+        return bool((self._marks[ids] != order).any())
 
     def check_consistency(self) -> None:
         """Raise InvariantError unless every mirror equals the allocator's state.
