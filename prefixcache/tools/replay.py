@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from prefixcache import policies
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.config import PolicySpec
 from prefixcache.engine.validation import require_int
@@ -67,12 +68,22 @@ __all__ = [
     "OPTIMUM_POLICY",
     "ConcurrentReplayResult",
     "ReplayResult",
+    "online_policies",
     "replay",
     "replay_concurrent",
 ]
 
 OPTIMUM_POLICY = "belady"
 """Name of the offline-optimum policy, which only a replay can run."""
+
+
+def online_policies() -> list[str]:
+    """Every registered policy name but :data:`OPTIMUM_POLICY`: those a live allocator can run.
+
+    Complexity: O(registered policies).
+    """
+    return [name for name in policies.available() if name != OPTIMUM_POLICY]
+
 
 # Show a progress bar for runs with at least this many requests.
 _PROGRESS_MIN_REQUESTS = 500

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from prefixcache import policies
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.hashing import compute_block_hashes
 from prefixcache.errors import BudgetExceededError
+from prefixcache.tools.replay import online_policies
 
 DEFAULT_OPS = 10_000_000
 CHECK_EVERY = 10_000
@@ -62,11 +62,6 @@ OPERATIONS = (
     ("evict", 8),
 )
 """Operation kinds and their relative weights; ``reset`` comes on top, rarely."""
-
-
-def soak_policies() -> list[str]:
-    """Every shipped policy that runs online (Belady needs the future)."""
-    return [name for name in policies.available() if name != "belady"]
 
 
 @dataclass
@@ -329,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check-every", type=int, default=CHECK_EVERY)
     args = parser.parse_args(argv)
-    names = args.policies or soak_policies()
+    names = args.policies or online_policies()
     print(
         f"machine: {platform.machine()} {platform.processor() or ''}; "
         f"Python {platform.python_version()}; torch {torch.__version__}; numpy {np.__version__}"

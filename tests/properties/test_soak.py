@@ -11,12 +11,13 @@ from __future__ import annotations
 import pytest
 
 from prefixcache.tools import soak
+from prefixcache.tools.replay import online_policies
 
 CI_TOTAL_OPS = 100_000
 CHECK_EVERY = 1_000
 
 
-POLICIES = soak.soak_policies()
+POLICIES = online_policies()
 
 
 @pytest.mark.parametrize("policy", POLICIES)

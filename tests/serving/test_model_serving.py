@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from prefixcache import ConfigError, InvalidArgumentError, InvariantError, policies
+from prefixcache import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.serving.model import TinyDecoder, TinyDecoderConfig
 from prefixcache.serving.model_serving import (
     ReferenceOutput,
@@ -34,11 +34,10 @@ from prefixcache.serving.model_serving import (
     reference_output,
 )
 from prefixcache.serving.sim import DynamicBatchingSim, SimConfig, SimReport, SimRequest
+from prefixcache.tools.replay import online_policies
 
-REPLAY_ONLY = {"belady"}
-"""Policies that need the future of a trace, so only a replay can run them."""
-
-SHIPPED_POLICIES = [name for name in policies.available() if name not in REPLAY_ONLY]
+SHIPPED_POLICIES = online_policies()
+"""Every registered policy but the offline optimum, which needs the future of a trace."""
 
 VOCAB_SIZE = 64
 SMALL_MODEL = TinyDecoderConfig(

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from prefixcache import CapacityError, ConfigError, InvalidArgumentError, InvariantError, policies
+from prefixcache import CapacityError, ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.serving.kv_cache import KVCache
 from prefixcache.serving.sim import (
     DynamicBatchingSim,
@@ -17,11 +17,10 @@ from prefixcache.serving.sim import (
     StepReport,
     run,
 )
+from prefixcache.tools.replay import online_policies
 
-REPLAY_ONLY = {"belady"}
-"""Policies that need the future of a trace, so only a replay can run them."""
-
-SHIPPED_POLICIES = [name for name in policies.available() if name not in REPLAY_ONLY]
+SHIPPED_POLICIES = online_policies()
+"""Every registered policy but the offline optimum, which needs the future of a trace."""
 
 
 def small_config(**overrides: Any) -> SimConfig:
