@@ -5,7 +5,7 @@
 (DESIGN.md invariant 6) is checked against. With ``--import-mode=importlib``
 a test module cannot import this file, so the helpers reach tests as
 fixtures: ``digest`` returns :func:`state_digest` and ``refuses`` returns
-:func:`assert_refused`. Likewise ``make_small``, ``chain``, ``flaky_lru`` and
+:func:`assert_refused`. Likewise ``make_small``, ``chain``, ``flaky`` and
 ``injected_fault`` hand the engine and fault tests one copy of their small
 allocator, chain registration and failing-on-cue LRU; ``vllm_events`` the
 wire tests' re-declaration of vLLM's event structs.
@@ -226,6 +226,21 @@ def chain() -> Callable[..., list[int]]:
 def flaky_lru() -> type[FlakyLRU]:
     """The :class:`FlakyLRU` class: an LRU whose chosen call raises :class:`InjectedFault`."""
     return FlakyLRU
+
+
+def flaky_allocator(**kwargs: Any) -> tuple[FlakyLRU, KVBlockAllocator]:
+    """A fresh :class:`FlakyLRU` (not armed) and a :func:`small_allocator` over it.
+
+    ``kwargs`` (``total_count=5``, ...) go to :func:`small_allocator`.
+    """
+    policy = FlakyLRU()
+    return policy, small_allocator(policy, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def flaky() -> Callable[..., tuple[FlakyLRU, KVBlockAllocator]]:
+    """The :func:`flaky_allocator` factory: an LRU that fails on cue, and an allocator over it."""
+    return flaky_allocator
 
 
 @pytest.fixture(scope="session")
