@@ -22,6 +22,7 @@ from prefixcache import InvariantError, KVBlockAllocator
 Digest = Callable[[KVBlockAllocator], Any]
 Make = Callable[..., KVBlockAllocator]
 Chain = Callable[..., list[int]]
+Flaky = Callable[..., tuple[Any, KVBlockAllocator]]
 
 
 class ScriptedLRU(LRUPolicy):
@@ -200,11 +201,8 @@ def test_the_least_recently_used_of_equally_deep_pinned_blocks_goes(
     assert allocator.is_hash_registered(order[1][2])
 
 
-def test_a_chain_is_evicted_from_its_end_without_reinserting_its_inner_blocks(
-    make_small: Make, flaky_lru: Any
-) -> None:
-    policy = flaky_lru()
-    allocator = make_small(policy)
+def test_a_chain_is_evicted_from_its_end_without_reinserting_its_inner_blocks(flaky: Flaky) -> None:
+    policy, allocator = flaky()
     # One allocation and no clock tick between the registrations: equal last-access times,
     # so the exposed parent's prediction compares block IDs too.
     parent, child, other = allocator.allocate_memory_blocks(3).tolist()

@@ -24,6 +24,7 @@ from prefixcache import BudgetExceededError, KVBlockAllocator, PrefixCacheError
 
 Make = Callable[..., KVBlockAllocator]
 Chain = Callable[..., list[int]]
+Flaky = Callable[..., tuple[Any, KVBlockAllocator]]
 
 
 # ---------------------------------------------------------------------- planner paths
@@ -139,10 +140,9 @@ def test_a_block_held_active_and_paused_can_be_registered_acquired_and_touched(
 
 
 def test_the_policy_hears_the_hand_outs_and_depth_of_a_released_leaf(
-    make_small: Make, chain: Chain, flaky_lru: Any
+    chain: Chain, flaky: Flaky
 ) -> None:
-    policy = flaky_lru()
-    allocator = make_small(policy)
+    policy, allocator = flaky()
     root, leaf = chain(allocator, [11, 12])
     allocator.match_prefix([11, 12], acquire=True)
     allocator.match_prefix([11, 12], acquire=True)
@@ -230,11 +230,8 @@ def test_resume_may_fill_the_active_budget_exactly() -> None:
 # ---------------------------------------------------------------------- retention
 
 
-def test_counts_and_policy_arguments_are_integers(
-    make_small: Make, chain: Chain, flaky_lru: Any
-) -> None:
-    policy = flaky_lru()
-    allocator = make_small(policy)
+def test_counts_and_policy_arguments_are_integers(chain: Chain, flaky: Flaky) -> None:
+    policy, allocator = flaky()
     (block,) = chain(allocator, [11])
     active, paused = allocator.reference_counts([block])
     assert active.dtype == torch.int32 and paused.dtype == torch.int32

@@ -20,20 +20,27 @@ from prefixcache import KVBlockAllocator
 Digest = Callable[[KVBlockAllocator], Any]
 Make = Callable[..., KVBlockAllocator]
 Chain = Callable[..., list[int]]
+Flaky = Callable[..., tuple[Any, KVBlockAllocator]]
+FailPool = Callable[[KVBlockAllocator, str], None]
 
 
-def _fail_pool(
-    allocator: KVBlockAllocator,
-    method: str,
-    monkeypatch: pytest.MonkeyPatch,
-    fault: type[Exception],
-) -> None:
-    """Make ``allocator.pool.<method>`` raise ``fault`` until ``monkeypatch`` undoes it."""
+@pytest.fixture
+def fail_pool(
+    monkeypatch: pytest.MonkeyPatch, injected_fault: type[Exception]
+) -> Callable[[KVBlockAllocator, str], None]:
+    """A function that makes ``allocator.pool.<method>`` raise the injected fault.
 
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise fault(f"pool.{method}")
+    The patch lasts until the test's ``monkeypatch`` is undone (at its end, or
+    by ``monkeypatch.undo()``).
+    """
 
-    monkeypatch.setattr(allocator.pool, method, broken)
+    def fail(allocator: KVBlockAllocator, method: str) -> None:
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise injected_fault(f"pool.{method}")
+
+        monkeypatch.setattr(allocator.pool, method, broken)
+
+    return fail
 
 
 # ---------------------------------------------------------------------- journal rollback
@@ -42,17 +49,16 @@ def _fail_pool(
 def test_a_pool_failure_after_caching_leaves_takes_the_leaves_back_out(
     digest: Digest,
     monkeypatch: pytest.MonkeyPatch,
-    make_small: Make,
     chain: Chain,
-    flaky_lru: Any,
+    flaky: Flaky,
     injected_fault: Any,
+    fail_pool: FailPool,
 ) -> None:
-    policy = flaky_lru()
-    allocator = make_small(policy)
+    policy, allocator = flaky()
     first = chain(allocator, [11])
     second = chain(allocator, [21])
     unhashed = allocator.allocate_memory_blocks(1).tolist()
-    _fail_pool(allocator, "release", monkeypatch, injected_fault)
+    fail_pool(allocator, "release")
     before = digest(allocator)
     with pytest.raises(injected_fault, match=r"pool\.release"):
         allocator.release_memory_blocks([*first, *second, *unhashed])
@@ -72,13 +78,11 @@ def test_a_failed_second_policy_call_restores_the_first_leaf_and_its_place(
     digest: Digest,
     failing: str,
     call: str,
-    make_small: Make,
     chain: Chain,
-    flaky_lru: Any,
+    flaky: Flaky,
     injected_fault: Any,
 ) -> None:
-    policy = flaky_lru()
-    allocator = make_small(policy)
+    policy, allocator = flaky()
     first = chain(allocator, [11])
     allocator.advance_clock()
     second = chain(allocator, [21])
@@ -95,20 +99,18 @@ def test_a_failed_second_policy_call_restores_the_first_leaf_and_its_place(
 def test_a_pool_failure_after_planning_an_eviction_reinserts_the_victims(
     evict: str,
     digest: Digest,
-    monkeypatch: pytest.MonkeyPatch,
-    make_small: Make,
     chain: Chain,
-    flaky_lru: Any,
+    flaky: Flaky,
     injected_fault: Any,
+    fail_pool: FailPool,
 ) -> None:
-    policy = flaky_lru()
-    allocator = make_small(policy, total_count=5)
+    policy, allocator = flaky(total_count=5)
     leaves = [chain(allocator, [11 + i])[0] for i in range(3)]
     held = allocator.allocate_memory_blocks(1)
     assert held is not None
     allocator.release_memory_blocks(leaves)
     pool_method = "release" if evict == "evict_cached_blocks" else "acquire"
-    _fail_pool(allocator, pool_method, monkeypatch, injected_fault)
+    fail_pool(allocator, pool_method)
     before = digest(allocator)
     with pytest.raises(injected_fault, match=rf"pool\.{pool_method}"):
         getattr(allocator, evict)(2)
@@ -118,13 +120,11 @@ def test_a_pool_failure_after_planning_an_eviction_reinserts_the_victims(
 
 def test_a_policy_failing_to_take_an_exposed_parent_undoes_the_eviction(
     digest: Digest,
-    make_small: Make,
     chain: Chain,
-    flaky_lru: Any,
+    flaky: Flaky,
     injected_fault: Any,
 ) -> None:
-    policy = flaky_lru()
-    allocator = make_small(policy)
+    policy, allocator = flaky()
     parent, child = chain(allocator, [11, 12])
     allocator.release_memory_blocks([parent, child])
     policy.fail_at = {"insert": 1}  # the exposed parent's insert
@@ -140,10 +140,10 @@ def test_a_policy_failing_to_take_an_exposed_parent_undoes_the_eviction(
 
 def test_a_pool_failure_in_reset_puts_every_cached_leaf_back(
     digest: Digest,
-    monkeypatch: pytest.MonkeyPatch,
     make_small: Make,
     chain: Chain,
     injected_fault: Any,
+    fail_pool: FailPool,
 ) -> None:
     allocator = make_small(paused_count=3)
     first_leaf = chain(allocator, [11])  # block 0: the first usable ID is a cached leaf
@@ -154,7 +154,7 @@ def test_a_pool_failure_in_reset_puts_every_cached_leaf_back(
     allocator.pause(paused)
     pinned, _below = chain(allocator, [51, 52])  # the held child pins its cached parent
     allocator.release_memory_blocks([*first_leaf, inner, leaf, pinned])
-    _fail_pool(allocator, "reset", monkeypatch, injected_fault)
+    fail_pool(allocator, "reset")
     before = digest(allocator)
     with pytest.raises(injected_fault, match=r"pool\.reset"):
         allocator.reset()
