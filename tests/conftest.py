@@ -222,12 +222,6 @@ def chain() -> Callable[..., list[int]]:
     return allocate_chain
 
 
-@pytest.fixture(scope="session")
-def flaky_lru() -> type[FlakyLRU]:
-    """The :class:`FlakyLRU` class: an LRU whose chosen call raises :class:`InjectedFault`."""
-    return FlakyLRU
-
-
 def flaky_allocator(**kwargs: Any) -> tuple[FlakyLRU, KVBlockAllocator]:
     """A fresh :class:`FlakyLRU` (not armed) and a :func:`small_allocator` over it.
 
