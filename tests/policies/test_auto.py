@@ -45,6 +45,8 @@ def test_auto_is_registered_and_replays_through_the_allocator() -> None:
         ("half_life_ratio", 0.0),
         ("switch_margin", 1.0),
         ("switch_margin", -0.1),
+        ("switch_z", -0.5),
+        ("switch_z", None),
     ],
 )
 def test_bad_arguments_raise_value_error(name: str, value: object) -> None:
@@ -147,6 +149,20 @@ def test_the_lead_moves_to_the_expert_that_loses_fewer_hits_when_traffic_changes
     _phase(policy, 20_000, 300, fresh_return=False)
     assert policy.leader == "frequent"
     assert set(policy.charges()) == set(EXPERTS)
+
+
+def test_the_lead_moves_only_once_the_evidence_passes_the_sequential_test() -> None:
+    """A few misses move the lead without the test; with it, only a larger difference does."""
+    hasty, patient = AutoPolicy(switch_z=0), AutoPolicy(switch_z=6)
+    for policy in (hasty, patient):
+        _phase(policy, 10_000, 4, fresh_return=True)
+    assert hasty.leader == "lru"
+    assert patient.leader == "frequent"
+    charges = patient.charges()
+    lead, challenger = charges["frequent"], charges["lru"]
+    assert lead - challenger <= 6 * (lead + challenger) ** 0.5  # the rule held it back
+    _phase(patient, 20_000, 100, fresh_return=True)
+    assert patient.leader == "lru"
 
 
 def test_auto_beats_lru_where_frequency_pays_and_matches_it_on_chat() -> None:
