@@ -356,7 +356,7 @@ class MegatronKVBlockAllocator:
                 else torch.empty(0, dtype=torch.int32)
             )
         if self.enable_prefix_caching and len(block_ids):
-            ids = block_ids.numpy()
+            ids = _as_array(block_ids)
             self._refs[ids] = 1
             if self._is_lru:
                 self._stamps[ids] = self.context.prefix_cache_lru_clock
@@ -381,7 +381,11 @@ class MegatronKVBlockAllocator:
             if self._watch:
                 self._drain()
         if self.enable_prefix_caching:
-            np.subtract.at(self._refs, _as_array(blocks), 1)
+            ids = _as_array(blocks)
+            if self._has_duplicates(ids):  # shared prefixes freed together
+                np.subtract.at(self._refs, ids, 1)
+            else:
+                self._refs[ids] -= 1  # ~4 us instead of ~20 us for np.subtract.at
 
     def reset(self) -> None:
         """Every block free, nothing cached, routing cleared. O(total_count)."""
@@ -586,8 +590,7 @@ class MegatronKVBlockAllocator:
             and index.dtype != torch.bool
         ):
             return False
-        # intp: NumPy converts other index dtypes on every fancy index.
-        ids, new = index.numpy().astype(np.intp, copy=False), value.numpy()
+        ids, new = _as_array(index), value.numpy()
         if len(ids) == 0 or self._has_duplicates(ids):
             return False
         delta = new - self._refs[ids]
@@ -700,10 +703,15 @@ class MegatronKVBlockAllocator:
 
 
 def _as_array(block_ids: Any) -> np.ndarray:
-    """Block IDs as a NumPy array (a CPU tensor's shares its memory)."""
+    """Block IDs as an intp NumPy array, for indexing the mirrors.
+
+    intp because NumPy converts any other index dtype on every fancy index
+    (an int32 index costs ~3 us more per write). A CPU tensor of int64 IDs
+    shares its memory.
+    """
     if isinstance(block_ids, torch.Tensor):
-        return block_ids.detach().cpu().numpy()
-    return np.asarray(block_ids)
+        block_ids = block_ids.detach().cpu().numpy()
+    return np.asarray(block_ids).astype(np.intp, copy=False)
 
 
 # ---------------------------------------------------------------------- switching
