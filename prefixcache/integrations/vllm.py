@@ -181,8 +181,24 @@ class PolicyFreeBlockQueue:
             block_id, block = first.popitem(last=False)
             del where[block_id]
             taken.append(block)
-        while len(taken) < n:
-            taken.append(self._next_victim())
+        evict, inner, known = self.policy.evict, self._inner, self._blocks
+        tables = (self._depth, self._accesses, self._stamp)
+        while len(taken) < n:  # one victim at a time: each may expose its parent
+            victims = evict(1)
+            if victims:
+                block_id = victims[0]
+                if where.get(block_id) != _LEAF:
+                    raise InvariantError(f"the policy evicted {block_id}, which it was not given")
+            elif inner:  # no leaf: the oldest freed block whose children are all in use
+                block_id = next(iter(inner))
+                del inner[block_id]
+            else:
+                raise InvariantError(f"{self.num_free_blocks} blocks counted free, none found")
+            del where[block_id]
+            self._cut(block_id)
+            for table in tables:
+                table.pop(block_id, None)
+            taken.append(known[block_id])
         self.num_free_blocks -= n
         return taken
 
@@ -197,18 +213,34 @@ class PolicyFreeBlockQueue:
             raise RuntimeError(f"remove() called on an invalid block: {block}")
         if section == _LEAF:
             self.policy.discard(block.block_id)
+        elif section == _INNER:
+            del self._inner[block.block_id]
         else:
-            del self._chain(section)[block.block_id]
+            del self._first[block.block_id]
         self.num_free_blocks -= 1
 
     def append(self, block: Any) -> None:
         """Free ``block``: cached ones go to the policy, hash-less ones last. O(log n)."""
-        self._add(block)
+        self.append_n((block,))
 
     def append_n(self, blocks: Sequence[Any]) -> None:
-        """:meth:`append` each of ``blocks``, in order. Complexity: O(k log n)."""
+        """:meth:`append` each of ``blocks``, in order (inlined: vLLM frees a whole
+        request's blocks here). Complexity: O(k log n)."""
+        where, children, stamps = self._where, self._children, self._stamp
+        inner, known = self._inner, self._blocks
         for block in blocks:
-            self._add(block)
+            block_id = block.block_id
+            if block_id in where:
+                raise RuntimeError(f"block {block_id} is already free")
+            known[block_id] = block
+            self._clock += 1
+            stamps[block_id] = self._clock
+            if block_id in children:
+                inner[block_id] = block
+                where[block_id] = _INNER
+            else:  # a cached leaf, or a hash-less block unpin_blocks appends (read until reused)
+                self._insert_leaf(block)
+            self.num_free_blocks += 1
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         """Free ``blocks`` to be handed out first, in their order. Complexity: O(k)."""
@@ -260,19 +292,31 @@ class PolicyFreeBlockQueue:
         of consecutive newly cached blocks, as prefixcache's engine does.
         Complexity: O(stop - start)."""
         run: list[int] = []
+        depth, accesses, on_register = self._depth, self._accesses, self._on_register
+        parents, children = self._parent, self._children
+        parent = blocks[start - 1] if start else None
+        if parent is not None and (parent.is_null or parent.block_hash is None):
+            parent = None
         for index in range(start, stop):
             block = blocks[index]
-            if block.is_null or block.block_hash is None or block.block_id in self._depth:
+            block_id = block.block_id
+            if block.is_null or block.block_hash is None or block_id in depth:
                 self._report(run, index)
+                parent = None if block.is_null or block.block_hash is None else block
                 continue
-            if self._on_register:
+            if on_register:
                 run.append(policy_hash(block.block_hash))
-            self._blocks[block.block_id] = block
-            self._depth[block.block_id] = index
-            self._accesses.setdefault(block.block_id, 1)
-            parent = blocks[index - 1] if index else None
-            if parent is not None and not parent.is_null and parent.block_hash is not None:
-                self._link(parent, block.block_id)
+            depth[block_id] = index
+            accesses.setdefault(block_id, 1)
+            if parent is not None:  # link to it (the block pool owns both objects)
+                parent_id = parent.block_id
+                parents[block_id] = parent_id
+                siblings = children.get(parent_id)
+                if siblings is None:
+                    self._first_child(parent, block_id)
+                else:
+                    siblings.add(block_id)
+            parent = block
         self._report(run, stop)
 
     def _report(self, run: list[int], end: int) -> None:
@@ -291,12 +335,7 @@ class PolicyFreeBlockQueue:
     def note_hash_removed(self, block: Any) -> None:
         """``block`` lost its hashes: cut its links; free, it is now hash-less. O(log n)."""
         block_id = block.block_id
-        if (
-            block_id not in self._depth
-            and block_id not in self._where
-            and block_id not in self._parent
-            and block_id not in self._children
-        ):
+        if not self.knows(block_id):
             return  # the common case: a victim popleft_n already cut, or a hash-less block
         self._cut(block_id)
         self._depth.pop(block_id, None)
@@ -311,6 +350,15 @@ class PolicyFreeBlockQueue:
             return
         self._first[block_id] = block
         self._where[block_id] = _FIRST
+
+    def knows(self, block_id: int) -> bool:
+        """Whether the queue holds any state for ``block_id`` (free, depth or links). O(1)."""
+        return (
+            block_id in self._depth
+            or block_id in self._where
+            or block_id in self._parent
+            or block_id in self._children
+        )
 
     def note_moved(self, source: Any, target: Any) -> None:
         """``source``'s hashes are about to move to ``target``: so do its links. O(children)."""
@@ -369,23 +417,6 @@ class PolicyFreeBlockQueue:
 
     # ------------------------------------------------------------------ internals
 
-    def _chain(self, section: int) -> OrderedDict[int, Any]:
-        return self._first if section == _FIRST else self._inner
-
-    def _add(self, block: Any) -> None:
-        block_id = block.block_id
-        if block_id in self._where:
-            raise RuntimeError(f"block {block_id} is already free")
-        self._blocks[block_id] = block
-        self._clock += 1
-        self._stamp[block_id] = self._clock
-        if block_id in self._children:
-            self._inner[block_id] = block
-            self._where[block_id] = _INNER
-        else:  # a cached leaf, or a hash-less block unpin_blocks appends (read until reused)
-            self._insert_leaf(block)
-        self.num_free_blocks += 1
-
     def _insert_leaf(self, block: Any) -> None:
         block_id = block.block_id
         self._where[block_id] = _LEAF
@@ -398,35 +429,15 @@ class PolicyFreeBlockQueue:
             self._depth.get(block_id, 0),
         )
 
-    def _next_victim(self) -> Any:
-        victims = self.policy.evict(1)
-        if victims:
-            if self._where.get(victims[0]) != _LEAF:
-                raise InvariantError(f"the policy evicted {victims[0]}, which it was not given")
-            block = self._blocks[victims[0]]
-        elif self._inner:
-            block = self._inner.popitem(last=False)[1]
-        else:
-            raise InvariantError(f"{self.num_free_blocks} blocks counted free, none found")
-        block_id = block.block_id
-        del self._where[block_id]
-        self._cut(block_id)
-        for table in (self._depth, self._accesses, self._stamp):
-            table.pop(block_id, None)
-        return block
-
-    def _link(self, parent: Any, child: int) -> None:
+    def _first_child(self, parent: Any, child: int) -> None:
+        """``parent`` (now linked from ``child``) gains its first cached child; a free
+        leaf stops being one."""
         parent_id = parent.block_id
-        self._blocks[parent_id] = parent
-        self._parent[child] = parent_id
-        children = self._children.get(parent_id)
-        if children is None:
-            children = self._children[parent_id] = set()
-            if self._where.get(parent_id) == _LEAF:  # a free leaf gained a child
-                self.policy.discard(parent_id)
-                self._inner[parent_id] = parent
-                self._where[parent_id] = _INNER
-        children.add(child)
+        self._children[parent_id] = {child}
+        if self._where.get(parent_id) == _LEAF:
+            self.policy.discard(parent_id)
+            self._inner[parent_id] = parent
+            self._where[parent_id] = _INNER
 
     def _cut(self, block_id: int) -> None:
         """Forget ``block_id``'s links; a free parent left childless becomes a leaf."""
@@ -486,13 +497,22 @@ class PolicyFreeBlockQueue:
 
 
 class _QueueFactory:
-    """Stands where ``block_pool`` looks up ``FreeKVCacheBlockQueue``: one queue per pool."""
+    """Stands where ``block_pool`` looks up ``FreeKVCacheBlockQueue``: one queue per pool.
+
+    A policy that builds a plain ``LRUPolicy`` gets the same order from
+    :class:`~prefixcache.integrations.vllm_lru.LruFreeBlockQueue`, which keeps it inline.
+    """
 
     def __init__(self) -> None:
         self.name = ""
         self.make_policy: Callable[[], EvictionPolicy] = policies.LRUPolicy
+        self.fast_lru = True
 
     def __call__(self, blocks: list[Any]) -> PolicyFreeBlockQueue:
+        if self.fast_lru:
+            from prefixcache.integrations.vllm_lru import LruFreeBlockQueue  # imports this
+
+            return LruFreeBlockQueue(blocks)
         return PolicyFreeBlockQueue(blocks, self.make_policy())
 
 
@@ -527,6 +547,7 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
     make_policy, name = _policy_factory(policy, dict(options))
     block_pool = _block_pool_module()
     _FACTORY.make_policy, _FACTORY.name = make_policy, name
+    _FACTORY.fast_lru = type(make_policy()) is policies.LRUPolicy
     if block_pool.FreeKVCacheBlockQueue is not _FACTORY:
         _patch(block_pool, "FreeKVCacheBlockQueue", _FACTORY)
     pool_class = block_pool.BlockPool
@@ -640,7 +661,7 @@ def _patch(owner: Any, name: str, value: Any) -> None:
 
 def _queue(pool: Any) -> PolicyFreeBlockQueue | None:
     queue = pool.free_block_queue
-    return queue if type(queue) is PolicyFreeBlockQueue else None
+    return queue if isinstance(queue, PolicyFreeBlockQueue) else None
 
 
 def _wrap_touch(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -687,8 +708,9 @@ def _wrap_cache_full_blocks(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_remove_hashes(original: Callable[..., Any]) -> Callable[..., Any]:
     def _remove_cached_block_hashes(self: Any, block: Any) -> Any:
         removed = original(self, block)
-        queue = _queue(self)
-        if queue is not None:
+        queue = self.free_block_queue
+        # Per victim (get_new_blocks): a victim popleft_n already forgot is skipped here.
+        if isinstance(queue, PolicyFreeBlockQueue) and queue.knows(block.block_id):
             queue.note_hash_removed(block)
         return removed
 

@@ -11,6 +11,7 @@ blocks prepended, cached ones appended, evict-on-reuse, ``unpin_blocks`` appendi
 from __future__ import annotations
 
 import importlib
+import random
 import subprocess
 import sys
 import textwrap
@@ -35,6 +36,7 @@ from prefixcache import policies
 from prefixcache.errors import ConfigError, InvariantError
 from prefixcache.integrations import vllm as plugin
 from prefixcache.integrations.vllm import PolicyFreeBlockQueue, policy_hash
+from prefixcache.integrations.vllm_lru import LeafHeap, LruFreeBlockQueue
 
 KV_CACHE_UTILS = '''
 from dataclasses import dataclass
@@ -441,6 +443,54 @@ def test_lru_reproduces_vllms_own_order_on_a_workload(block_pool: Any) -> None:
     assert sum(runs[0][0]) > 0
 
 
+class PlainLru(policies.LRUPolicy):
+    """LRU exactly, but not ``LRUPolicy`` itself: the queue's generic path drives it."""
+
+
+def random_run(pool: Any, seed: int, steps: int = 80) -> list[Any]:
+    """Admit, free (either order), evict by ID, move hashes; record what vLLM sees."""
+    rng = random.Random(seed)
+    running: list[list[Any]] = []
+    seen: list[Any] = []
+    for _ in range(steps):
+        roll = rng.random()
+        if running and (roll < 0.4 or pool.get_num_free_blocks() < 5):
+            blocks = running.pop(rng.randrange(len(running)))
+            pool.free_blocks(reversed(blocks) if rng.random() < 0.7 else blocks)
+        elif roll < 0.47:
+            pool.evict_blocks({rng.randrange(1, len(pool.blocks))})
+        elif roll < 0.5 and running:
+            source = rng.choice(rng.choice(running))
+            target = pool.get_new_blocks(1)[0]
+            if source.block_hash is not None:
+                pool.move_block_hashes(source, target)
+            running.append([target])
+        else:
+            prompt = [rng.randrange(3)] + [rng.randrange(3) for _ in range(rng.randrange(4))]
+            blocks, num_hit = admit(pool, chain(*prompt))
+            running.append(blocks)
+            seen.append((num_hit, ids(blocks)))
+        pool.free_block_queue.check_invariants()
+        seen.append(ids(pool.free_block_queue.get_all_free_blocks()))
+    for blocks in running:
+        pool.free_blocks(blocks)
+    queue = pool.free_block_queue
+    seen.append(ids(queue.popleft_n(queue.num_free_blocks)))
+    return seen
+
+
+def test_the_lru_fast_path_hands_out_what_the_lru_policy_does(block_pool: Any) -> None:
+    for seed in range(25):
+        runs = []
+        for policy in ("lru", PlainLru):
+            plugin.install(policy)
+            pool = block_pool.BlockPool(14)
+            fast = policy == "lru"
+            assert (type(pool.free_block_queue) is LruFreeBlockQueue) is fast
+            runs.append(random_run(pool, seed))
+        assert runs[0] == runs[1], seed
+
+
 def test_a_chain_is_eaten_from_its_end_whatever_order_it_is_freed_in(block_pool: Any) -> None:
     plugin.install("lru")
     pool = block_pool.BlockPool(5)
@@ -745,6 +795,71 @@ def test_a_free_leaf_that_gains_a_child_stops_being_a_leaf() -> None:
     queue.check_invariants()
     # No leaf: the oldest inner block (1) goes, which makes 0 a leaf; then 2 (inner last).
     assert ids(queue.popleft_n(3)) == [1, 0, 2]
+
+
+def queue_run(queue: PolicyFreeBlockQueue, blocks: list[Block], seed: int) -> list[Any]:
+    """Random queue calls as vLLM makes them, frees in any order (so a free parent may
+    have a child in use, and no leaf may be left); record every hand-out order."""
+    rng = random.Random(seed)
+    held: list[Block] = []
+    seen: list[Any] = []
+    for _ in range(150):
+        roll = rng.random()
+        if roll < 0.35 and queue.num_free_blocks:
+            taken = queue.popleft_n(rng.randint(1, min(4, queue.num_free_blocks)))
+            for block in taken:  # get_new_blocks: a victim loses its hash
+                if block.block_hash is not None:
+                    block.block_hash = None
+                    queue.note_hash_removed(block)
+            table = ([rng.choice(held)] if held and rng.random() < 0.6 else []) + taken
+            for block in taken:
+                block.block_hash = bytes([rng.randrange(256)]) * 12
+            queue.note_registered(table, len(table) - len(taken), len(table))
+            held += taken
+            seen.append(ids(taken))
+        elif roll < 0.8 and held:
+            freed = rng.sample(held, rng.randint(1, len(held)))
+            held = [block for block in held if block not in freed]
+            queue.append_n(freed)
+        else:
+            cached = [b for b in queue.get_all_free_blocks() if b.block_hash is not None]
+            if cached:  # a prefix hit on a free cached block
+                block = rng.choice(cached)
+                queue.remove(block)
+                queue.note_hits([block])
+                held.append(block)
+        queue.check_invariants()
+        seen.append(ids(queue.get_all_free_blocks()))
+    return seen
+
+
+def test_the_lru_fast_queue_matches_the_lru_policy_call_by_call() -> None:
+    for seed in range(40):
+        runs = []
+        for fast in (True, False):
+            blocks = [Block(i) for i in range(12)]
+            queue = LruFreeBlockQueue(blocks) if fast else PolicyFreeBlockQueue(blocks, PlainLru())
+            runs.append(queue_run(queue, blocks, seed))
+        assert runs[0] == runs[1], seed
+
+
+def test_the_leaf_heap_is_an_lru_policy() -> None:
+    heap = LeafHeap()
+    for block_id, last_access in ((1, 5), (2, 3), (3, 9), (4, 3)):
+        heap.insert(block_id, 0, last_access, 1, 0)
+    heap.touch(2, 10)
+    heap.discard(3)
+    with pytest.raises(KeyError):
+        heap.touch(3, 11)
+    assert len(heap) == 3 and 3 not in heap and 4 in heap
+    assert heap.evict(2) == [4, 1] and heap.evict(5) == [2] and heap.evict(1) == []
+    for block_id in range(200):  # stale entries pile up, then the heap is rebuilt
+        heap.insert(block_id, 0, block_id, 1, 0)
+        heap.discard(block_id)
+    assert len(heap.heap) <= 64 and len(heap) == 0
+    heap.insert(7, 0, 1, 1, 0)
+    heap.clear()
+    assert heap.evict(1) == [] and not heap.heap
 
 
 # ---------------------------------------------------------------------- a state machine
