@@ -1,6 +1,6 @@
 """The vLLM plugin's fast path for ``policy="lru"``: the same order, fewer Python calls.
 
-:class:`~prefixcache.integrations.vllm.PolicyFreeBlockQueue` asks its policy object for
+:class:`~prefixcache.integrations.vllm_queue.PolicyFreeBlockQueue` asks its policy object for
 every victim and hands it a hash, a use count and a depth on every insert. LRU reads none
 of those: it orders the free cached leaves by ``(last_access, block_id)``, where
 ``last_access`` is the queue's own free-order clock. :class:`LruFreeBlockQueue` keeps
@@ -19,7 +19,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any
 
 from prefixcache.errors import InvariantError
-from prefixcache.integrations.vllm import _INNER, _LEAF, PolicyFreeBlockQueue
+from prefixcache.integrations.vllm_queue import _INNER, _LEAF, PolicyFreeBlockQueue
 from prefixcache.policies import EvictionPolicy
 
 __all__ = ["LeafHeap", "LruFreeBlockQueue"]

@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 )
 
 from prefixcache.integrations import vllm as plugin
+from prefixcache.integrations import vllm_queue
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (CI); see the module docstring")
@@ -343,7 +344,7 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         queue = pool.free_block_queue
         queue.check_invariants()
-        leaves = {b for b, where in queue._where.items() if where == plugin._LEAF}
+        leaves = {b for b, where in queue._where.items() if where == vllm_queue._LEAF}
         assert all(block_id in queue.policy for block_id in leaves)
         assert len(queue.policy) == len(leaves)
         free = [b for b in pool.blocks if b.ref_cnt == 0 and not b.is_null]

@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 from prefixcache import policies
 from prefixcache.errors import ConfigError, InvariantError
 from prefixcache.integrations import vllm as plugin
+from prefixcache.integrations import vllm_queue
 from prefixcache.integrations.vllm import PolicyFreeBlockQueue, policy_hash
 from prefixcache.integrations.vllm_lru import LeafHeap, LruFreeBlockQueue
 
@@ -573,7 +574,7 @@ def test_a_parent_whose_child_is_in_use_goes_only_when_no_leaf_is_left(block_poo
     other, _ = admit(pool, chain(5))
     pool.free_blocks(other)
     queue = pool.free_block_queue
-    assert queue._where[running[0].block_id] == plugin._INNER
+    assert queue._where[running[0].block_id] == vllm_queue._INNER
     predicted = ids(queue.get_all_free_blocks())
     assert predicted[-2:] == [other[0].block_id, running[0].block_id]
     assert ids(pool.get_new_blocks(4))[-1] == other[0].block_id  # three hash-less, the leaf
@@ -593,7 +594,7 @@ def test_unpinned_hash_less_blocks_keep_vllms_place_among_cached_ones(block_pool
     pool.free_blocks(cached)
     assert (ids(plain), ids(cached)) == ([1], [2])
     queue = pool.free_block_queue
-    assert queue._where[1] == plugin._LEAF and 1 in queue.policy
+    assert queue._where[1] == vllm_queue._LEAF and 1 in queue.policy
     assert ids(queue.get_all_free_blocks()) == [3, 1, 2]  # vLLM's: appended before 2
     assert ids(pool.get_new_blocks(3)) == [3, 1, 2]
 
@@ -622,7 +623,7 @@ def test_a_free_block_that_loses_its_hash_becomes_hash_less(block_pool: Any) -> 
     pool.free_blocks(reversed(blocks))
     pool.evict_blocks({blocks[0].block_id})  # a KV connector drops the root's hash
     queue = pool.free_block_queue
-    assert queue._where[blocks[0].block_id] == plugin._FIRST
+    assert queue._where[blocks[0].block_id] == vllm_queue._FIRST
     assert ids(queue.get_all_free_blocks()) == [3, 4, blocks[0].block_id, blocks[1].block_id]
     pool.evict_blocks({blocks[1].block_id})
     assert len(queue.policy) == 0 and queue.num_free_blocks == 4
@@ -772,7 +773,7 @@ def _linked_queue() -> tuple[PolicyFreeBlockQueue, list[Block]]:
     [
         (lambda q: q.policy.discard(2), "not tracked"),
         (lambda q: q._children.pop(1), "no cached child"),
-        (lambda q: q._where.__setitem__(0, plugin._FIRST), "chain"),
+        (lambda q: q._where.__setitem__(0, vllm_queue._FIRST), "chain"),
         (lambda q: setattr(q, "num_free_blocks", 7), "free"),
         (lambda q: q._children[1].clear(), "does not list it"),
         (lambda q: q._children[0].add(5), "a child is listed"),
@@ -790,7 +791,7 @@ def test_a_free_leaf_that_gains_a_child_stops_being_a_leaf() -> None:
     queue, blocks = _linked_queue()
     extra = Block(5, b"e" * 12)
     queue.note_registered([blocks[2], extra], 1, 2)
-    assert queue._where[2] == plugin._INNER and 2 not in queue.policy
+    assert queue._where[2] == vllm_queue._INNER and 2 not in queue.policy
     queue.note_registered([blocks[2], extra], 1, 2)  # a second time changes nothing
     queue.check_invariants()
     # No leaf: the oldest inner block (1) goes, which makes 0 a leaf; then 2 (inner last).

@@ -1,0 +1,424 @@
+"""The vLLM plugin's free-block queue: vLLM's ``FreeKVCacheBlockQueue`` interface, cached
+blocks ordered by a prefixcache policy.
+
+What maps to what, and why, is in :mod:`prefixcache.integrations.vllm` (which installs
+it) and DESIGN.md ("vLLM integration"); :mod:`prefixcache.integrations.vllm_lru` is the
+fast path for ``"lru"``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import xxhash
+
+from prefixcache.errors import InvariantError
+from prefixcache.policies import EvictionPolicy, has_hook
+
+__all__ = ["PolicyFreeBlockQueue", "policy_hash"]
+
+_MASK63 = (1 << 63) - 1
+_FIRST, _LEAF, _INNER = 1, 2, 3  # where a free block is
+
+
+class _End:
+    """The fake head or tail of the linked view, as vLLM's queue has (``block_id`` -1)."""
+
+    __slots__ = ("block_id", "next_free_block", "prev_free_block")
+
+    def __init__(self) -> None:
+        self.block_id = -1
+        self.prev_free_block: Any = None
+        self.next_free_block: Any = None
+
+
+def policy_hash(key: object) -> int:
+    """The int a policy sees for vLLM's block key (hash bytes + 4-byte group ID). O(len).
+
+    XXH3-64 of the whole key, so every byte and the group count, and equal keys give
+    equal ints in every process (a key that is no bytes: Python's ``hash``).
+
+    >>> policy_hash(b"block" + bytes(4)) != policy_hash(b"block" + bytes([0, 0, 0, 1]))
+    True
+    """
+    if isinstance(key, bytes):
+        return xxhash.xxh3_64_intdigest(key) & _MASK63
+    return hash(key) & _MASK63
+
+
+class PolicyFreeBlockQueue:
+    """vLLM's ``FreeKVCacheBlockQueue`` interface, cached blocks ordered by a policy.
+
+    Queue interface (what ``BlockPool`` calls): ``num_free_blocks``, :meth:`popleft`,
+    :meth:`popleft_n`, :meth:`remove`, :meth:`append`, :meth:`append_n`,
+    :meth:`prepend_n`, :meth:`get_all_free_blocks`, :meth:`iter_blocks_after`.
+    Learning (the wrapped ``BlockPool`` methods call these): :meth:`note_registered`,
+    :meth:`note_hits`, :meth:`note_hash_removed`, :meth:`note_moved`,
+    :meth:`note_reset`. Checking: :meth:`check_invariants`.
+
+    Blocks are vLLM ``KVCacheBlock`` objects (or anything with ``block_id``,
+    ``block_hash``, ``is_null`` and the two link fields); state is keyed by
+    ``block_id``. Not thread-safe.
+    """
+
+    def __init__(self, blocks: Iterable[Any], policy: EvictionPolicy) -> None:
+        self.policy = policy
+        self.num_free_blocks = 0
+        self._first: OrderedDict[int, Any] = OrderedDict()  # hash-less, handed out first
+        self._inner: OrderedDict[int, Any] = OrderedDict()  # cached, with a cached child
+        self._head, self._tail = _End(), _End()  # the linked view's ends
+        self._where: dict[int, int] = {}  # free block -> section
+        self._blocks: dict[int, Any] = {}  # block_id -> block, every block seen
+        self._parent: dict[int, int] = {}  # cached child -> its cached parent
+        self._children: dict[int, set[int]] = {}  # cached parent -> cached children
+        self._depth: dict[int, int] = {}  # position in its block table, from registration
+        self._accesses: dict[int, int] = {}  # 1 + prefix hits since it was filled
+        self._stamp: dict[int, int] = {}  # clock when last freed
+        self._clock = 0
+        self._on_register = has_hook(policy, "on_register")
+        self.prepend_n(list(blocks))
+
+    # ------------------------------------------------------------------ queue interface
+
+    def popleft(self) -> Any:
+        """Hand out the next block to reuse. Complexity: O(log n).
+
+        Raises:
+            ValueError: no block is free (as vLLM's queue).
+        """
+        if self.num_free_blocks == 0:
+            raise ValueError("No free blocks available")
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n: int) -> list[Any]:
+        """Hand out ``n`` blocks: hash-less ones first, then the policy's victims.
+
+        A victim's parent becomes a leaf at once, so the next victim may be it. The
+        victims keep their hashes; ``BlockPool.get_new_blocks`` removes them next.
+
+        Raises:
+            ValueError: fewer than ``n`` blocks are free (nothing changes).
+
+        Complexity: O(n log n) with a heap-ordered policy.
+        """
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot take {n} free blocks: {self.num_free_blocks} are free")
+        taken: list[Any] = []
+        first, where = self._first, self._where
+        while first and len(taken) < n:
+            block_id, block = first.popitem(last=False)
+            del where[block_id]
+            taken.append(block)
+        evict, inner, known = self.policy.evict, self._inner, self._blocks
+        tables = (self._depth, self._accesses, self._stamp)
+        while len(taken) < n:  # one victim at a time: each may expose its parent
+            victims = evict(1)
+            if victims:
+                block_id = victims[0]
+                if where.get(block_id) != _LEAF:
+                    raise InvariantError(f"the policy evicted {block_id}, which it was not given")
+            elif inner:  # no leaf: the oldest freed block whose children are all in use
+                block_id = next(iter(inner))
+                del inner[block_id]
+            else:
+                raise InvariantError(f"{self.num_free_blocks} blocks counted free, none found")
+            del where[block_id]
+            self._cut(block_id)
+            for table in tables:
+                table.pop(block_id, None)
+            taken.append(known[block_id])
+        self.num_free_blocks -= n
+        return taken
+
+    def remove(self, block: Any) -> None:
+        """Take ``block`` out of the free blocks (vLLM: a prefix hit on it). O(log n).
+
+        Raises:
+            RuntimeError: ``block`` is not free (as vLLM's queue).
+        """
+        section = self._where.pop(block.block_id, None)
+        if section is None:
+            raise RuntimeError(f"remove() called on an invalid block: {block}")
+        if section == _LEAF:
+            self.policy.discard(block.block_id)
+        elif section == _INNER:
+            del self._inner[block.block_id]
+        else:
+            del self._first[block.block_id]
+        self.num_free_blocks -= 1
+
+    def append(self, block: Any) -> None:
+        """Free ``block``: cached ones go to the policy, hash-less ones last. O(log n)."""
+        self.append_n((block,))
+
+    def append_n(self, blocks: Sequence[Any]) -> None:
+        """:meth:`append` each of ``blocks``, in order (inlined: vLLM frees a whole
+        request's blocks here). Complexity: O(k log n)."""
+        where, children, stamps = self._where, self._children, self._stamp
+        inner, known = self._inner, self._blocks
+        for block in blocks:
+            block_id = block.block_id
+            if block_id in where:
+                raise RuntimeError(f"block {block_id} is already free")
+            known[block_id] = block
+            self._clock += 1
+            stamps[block_id] = self._clock
+            if block_id in children:
+                inner[block_id] = block
+                where[block_id] = _INNER
+            else:  # a cached leaf, or a hash-less block unpin_blocks appends (read until reused)
+                self._insert_leaf(block)
+            self.num_free_blocks += 1
+
+    def prepend_n(self, blocks: Sequence[Any]) -> None:
+        """Free ``blocks`` to be handed out first, in their order. Complexity: O(k)."""
+        for block in reversed(blocks):
+            if block.block_id in self._where:
+                raise RuntimeError(f"block {block.block_id} is already free")
+            self._blocks[block.block_id] = block
+            self._first[block.block_id] = block
+            self._first.move_to_end(block.block_id, last=False)
+            self._where[block.block_id] = _FIRST
+        self.num_free_blocks += len(blocks)
+
+    @property
+    def fake_free_list_head(self) -> Any:
+        """vLLM's fake head, its ``next_free_block`` chain linked through every free
+        block in hand-out order now (a view for tests: later changes do not update it).
+        Complexity: O(n log n)."""
+        self._link_view()
+        return self._head
+
+    @property
+    def fake_free_list_tail(self) -> Any:
+        """The fake tail of the view :attr:`fake_free_list_head` links. O(n log n)."""
+        self._link_view()
+        return self._tail
+
+    def get_all_free_blocks(self) -> list[Any]:
+        """Every free block, next handed out first (read on a copy). O(n log n)."""
+        return self._eviction_order()
+
+    def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
+        """Free blocks in hand-out order after ``cursor`` (all when None; none when
+        ``cursor`` is not free, as vLLM's queue). Complexity: O(n log n)."""
+        order = self._eviction_order()
+        if cursor is None:
+            yield from order
+            return
+        for index, block in enumerate(order):
+            if block is cursor:
+                yield from order[index + 1 :]
+                return
+
+    # ------------------------------------------------------------------ learning
+
+    def note_registered(self, blocks: Sequence[Any], start: int, stop: int) -> None:
+        """``blocks[start:stop]`` of one block table were just cached: learn their
+        depths and parents (``blocks[i - 1]``), and tell a policy with the
+        ``on_register`` hook (``auto`` counts uses and settles its duels there) each run
+        of consecutive newly cached blocks, as prefixcache's engine does.
+        Complexity: O(stop - start)."""
+        run: list[int] = []
+        depth, accesses, on_register = self._depth, self._accesses, self._on_register
+        parents, children = self._parent, self._children
+        parent = blocks[start - 1] if start else None
+        if parent is not None and (parent.is_null or parent.block_hash is None):
+            parent = None
+        for index in range(start, stop):
+            block = blocks[index]
+            block_id = block.block_id
+            if block.is_null or block.block_hash is None or block_id in depth:
+                self._report(run, index)
+                parent = None if block.is_null or block.block_hash is None else block
+                continue
+            if on_register:
+                run.append(policy_hash(block.block_hash))
+            depth[block_id] = index
+            accesses.setdefault(block_id, 1)
+            if parent is not None:  # link to it (the block pool owns both objects)
+                parent_id = parent.block_id
+                parents[block_id] = parent_id
+                siblings = children.get(parent_id)
+                if siblings is None:
+                    self._first_child(parent, block_id)
+                else:
+                    siblings.add(block_id)
+            parent = block
+        self._report(run, stop)
+
+    def _report(self, run: list[int], end: int) -> None:
+        """``on_register`` for the run of hashes ending before chain position ``end``."""
+        if run:
+            self.policy.on_register(run, end - len(run))
+            run.clear()
+
+    def note_hits(self, blocks: Iterable[Any]) -> None:
+        """``blocks`` were handed to a request as a prefix hit. Complexity: O(k)."""
+        accesses = self._accesses
+        for block in blocks:
+            if not block.is_null:
+                accesses[block.block_id] = accesses.get(block.block_id, 1) + 1
+
+    def note_hash_removed(self, block: Any) -> None:
+        """``block`` lost its hashes: cut its links; free, it is now hash-less. O(log n)."""
+        block_id = block.block_id
+        if not self.knows(block_id):
+            return  # the common case: a victim popleft_n already cut, or a hash-less block
+        self._cut(block_id)
+        self._depth.pop(block_id, None)
+        self._accesses.pop(block_id, None)
+        self._stamp.pop(block_id, None)
+        section = self._where.get(block_id)
+        if section == _LEAF:
+            self.policy.discard(block_id)
+        elif section == _INNER:
+            del self._inner[block_id]
+        else:
+            return
+        self._first[block_id] = block
+        self._where[block_id] = _FIRST
+
+    def knows(self, block_id: int) -> bool:
+        """Whether the queue holds any state for ``block_id`` (free, depth or links). O(1)."""
+        return (
+            block_id in self._depth
+            or block_id in self._where
+            or block_id in self._parent
+            or block_id in self._children
+        )
+
+    def note_moved(self, source: Any, target: Any) -> None:
+        """``source``'s hashes are about to move to ``target``: so do its links. O(children)."""
+        old, new = source.block_id, target.block_id
+        self._blocks[new] = target
+        parent = self._parent.pop(old, None)
+        if parent is not None:
+            siblings = self._children[parent]
+            siblings.discard(old)
+            siblings.add(new)
+            self._parent[new] = parent
+        children = self._children.pop(old, None)
+        if children:
+            self._children[new] = children
+            for child in children:
+                self._parent[child] = new
+        for table in (self._depth, self._accesses, self._stamp):
+            if old in table:
+                table[new] = table.pop(old)
+
+    def note_reset(self) -> None:
+        """vLLM dropped every hash (``reset_prefix_cache``): forget all, keep the order. O(n)."""
+        order = self._eviction_order()
+        self.policy.clear()
+        for table in (self._where, self._parent, self._children, self._depth):
+            table.clear()
+        self._accesses.clear()
+        self._stamp.clear()
+        self._first, self._inner = OrderedDict(), OrderedDict()
+        self.num_free_blocks = 0
+        self.prepend_n(order)
+
+    def check_invariants(self) -> None:
+        """Check every internal invariant (tests call it after each step). O(n).
+
+        Raises:
+            InvariantError: naming the first broken invariant.
+        """
+        sections = {key: 0 for key in (_FIRST, _LEAF, _INNER)}
+        for block_id, section in self._where.items():
+            sections[section] += 1
+            if section == _LEAF and (block_id in self._children or block_id not in self.policy):
+                raise InvariantError(f"free leaf {block_id} has children or is not tracked")
+            if section == _INNER and block_id not in self._children:
+                raise InvariantError(f"free inner block {block_id} has no cached child")
+        for section, chain in ((_FIRST, self._first), (_INNER, self._inner)):
+            if [self._where.get(b) for b in chain] != [section] * len(chain):
+                raise InvariantError(f"chain {section} disagrees with the section map")
+        if sections[_LEAF] != len(self.policy) or sum(sections.values()) != self.num_free_blocks:
+            raise InvariantError(f"sections {sections} vs {self.num_free_blocks} free")
+        for child, parent in self._parent.items():
+            if child not in self._children.get(parent, ()):
+                raise InvariantError(f"block {child}'s parent {parent} does not list it")
+        if sum(map(len, self._children.values())) != len(self._parent):
+            raise InvariantError("a child is listed under a parent it does not name")
+
+    # ------------------------------------------------------------------ internals
+
+    def _insert_leaf(self, block: Any) -> None:
+        block_id = block.block_id
+        self._where[block_id] = _LEAF
+        key = block.block_hash
+        self.policy.insert(
+            block_id,
+            policy_hash(("unpinned", block_id) if key is None else key),
+            self._stamp.get(block_id, 0),
+            self._accesses.get(block_id, 1),
+            self._depth.get(block_id, 0),
+        )
+
+    def _first_child(self, parent: Any, child: int) -> None:
+        """``parent`` (now linked from ``child``) gains its first cached child; a free
+        leaf stops being one."""
+        parent_id = parent.block_id
+        self._children[parent_id] = {child}
+        if self._where.get(parent_id) == _LEAF:
+            self.policy.discard(parent_id)
+            self._inner[parent_id] = parent
+            self._where[parent_id] = _INNER
+
+    def _cut(self, block_id: int) -> None:
+        """Forget ``block_id``'s links; a free parent left childless becomes a leaf."""
+        parent = self._parent.pop(block_id, None)
+        if parent is not None:
+            siblings = self._children[parent]
+            siblings.discard(block_id)
+            if not siblings:
+                del self._children[parent]
+                if self._where.get(parent) == _INNER:
+                    del self._inner[parent]
+                    self._insert_leaf(self._blocks[parent])
+        for child in self._children.pop(block_id, ()):
+            del self._parent[child]
+
+    def _eviction_order(self) -> list[Any]:
+        """The hand-out order, replayed on a copy of the policy and the link counts."""
+        order = list(self._first.values())
+        policy = copy.deepcopy(self.policy)
+        inner = dict.fromkeys(self._inner)
+        num_children = {parent: len(kids) for parent, kids in self._children.items()}
+        while True:
+            victims = policy.evict(1)
+            if victims:
+                block_id = victims[0]
+            elif inner:
+                block_id = next(iter(inner))
+                del inner[block_id]
+            else:
+                break
+            order.append(self._blocks[block_id])
+            parent = self._parent.get(block_id)
+            if parent is not None:
+                num_children[parent] -= 1
+                if num_children[parent] == 0 and parent in inner:
+                    del inner[parent]
+                    block = self._blocks[parent]
+                    policy.insert(
+                        parent,
+                        policy_hash(block.block_hash),
+                        self._stamp.get(parent, 0),
+                        self._accesses.get(parent, 1),
+                        self._depth.get(parent, 0),
+                    )
+        return order
+
+    def _link_view(self) -> None:
+        """Link the fake head, every free block in hand-out order, and the fake tail."""
+        before = self._head
+        for block in self._eviction_order():
+            before.next_free_block, block.prev_free_block = block, before
+            before = block
+        before.next_free_block, self._tail.prev_free_block = self._tail, before
