@@ -245,8 +245,6 @@ class MegatronKVBlockAllocator:
             # NumPy views sharing the mirrors' memory: this class writes through them
             # (an indexed NumPy write costs ~1 us, a torch one ~5-15 us on CPU).
             self._refs = self._ref_counts.numpy()
-            # Distinct markers for the duplicate check (_has_duplicates): O(k), no sort.
-            self._markers = -1 - np.arange(total_count, dtype=np.int32)
             self._hashes = self.block_hashes.numpy()
             if self._is_lru:
                 self._stamps = self.block_timestamps.numpy()
@@ -603,22 +601,16 @@ class MegatronKVBlockAllocator:
         self._refs[ids] = new
         return True
 
-    def _has_duplicates(self, ids: np.ndarray) -> bool:
-        """Whether ``ids`` repeats an ID: O(k), no sort, no scratch array.
+    @staticmethod
+    def _has_duplicates(ids: np.ndarray) -> bool:
+        """Whether ``ids`` repeats an ID: a sorted copy, neighbours compared.
 
-        Writes a distinct marker per position into ``block_ref_counts`` and
-        reads it back (a repeated ID keeps only its last marker), then puts
-        the counts back. It uses the entries the caller is about to read and
-        write anyway, so it adds no cache misses (a separate scratch array of
-        the pool's size costs ~10 us a call at 65,536 blocks).
+        ~3 us for 128 IDs; ``np.unique`` costs ~20 us, and marking a
+        pool-sized scratch array costs cache misses at 65,536 blocks.
         """
-        refs = self._refs
-        before = refs[ids]
-        markers = self._markers[: len(ids)]
-        refs[ids] = markers
-        repeated = bool((refs[ids] != markers).any())
-        refs[ids] = before
-        return repeated
+        ordered = ids.copy()
+        ordered.sort()
+        return bool((ordered[1:] == ordered[:-1]).any())
 
     def check_consistency(self) -> None:
         """Raise InvariantError unless every mirror equals the allocator's state.
