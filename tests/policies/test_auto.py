@@ -23,7 +23,9 @@ class TestAutoLongScripts(PolicyContract):
     seeds = (5, 6)
 
     def make_policy(self) -> EvictionPolicy:
-        return AutoPolicy(duel_ratio=0.05, sample_ratio=0.3, half_life_ratio=0.02, switch_margin=0)
+        return AutoPolicy(
+            duel_ratio=0.05, sample_ratio=0.3, half_life_ratio=0.02, switch_margin=0, switch_z=0
+        )
 
 
 def test_auto_is_registered_and_replays_through_the_allocator() -> None:

@@ -73,10 +73,12 @@ def _replay(requests: list[TraceRequest], capacity: int, policy: AutoPolicy) -> 
     ],
     ids=["documents", "chats"],
 )
+@pytest.mark.parametrize("switch_z", [0.0, 1.5])  # the lead moves on any gap / on a tested one
 def test_the_shortcut_learns_what_the_round_trip_learns(
-    trace: list[TraceRequest], capacity: int
+    trace: list[TraceRequest], capacity: int, switch_z: float
 ) -> None:
-    shortcut, round_trip = _Counting(half_life_ratio=0.5), _RoundTrip(half_life_ratio=0.5)
+    shortcut = _Counting(half_life_ratio=0.5, switch_z=switch_z)
+    round_trip = _RoundTrip(half_life_ratio=0.5, switch_z=switch_z)
     assert _replay(trace, capacity, shortcut) == _replay(trace, capacity, round_trip)
     assert shortcut.granted > 0  # the shortcut was taken
     assert shortcut.charges() == round_trip.charges() and shortcut.leader == round_trip.leader

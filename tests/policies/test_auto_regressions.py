@@ -79,7 +79,7 @@ def test_the_reported_sequence_in_a_transaction_is_undone_by_abort() -> None:
 @given(seed=st.integers(0, 2**32 - 1))
 def test_colliding_hashes_never_break_tracking_or_abort(seed: int) -> None:
     rng = random.Random(seed)
-    policy = AutoPolicy(duel_ratio=0.1, half_life_ratio=0.05, switch_margin=0)
+    policy = AutoPolicy(duel_ratio=0.1, half_life_ratio=0.05, switch_margin=0, switch_z=0)
     tracked: set[int] = set()
     calls: list[tuple[str, tuple[int, ...]]] = []
     for step in range(120):
