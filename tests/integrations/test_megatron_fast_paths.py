@@ -136,14 +136,23 @@ def test_a_repeated_id_in_a_pin_takes_one_reference_as_a_tensor_write_does(engin
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_an_unpin_to_zero_in_ref_zero_mode_deregisters_and_calls_back(engine: str) -> None:
+@pytest.mark.parametrize("by_write", [True, False])
+def test_a_last_release_in_ref_zero_mode_calls_back_after_the_counts_drop(
+    engine: str, by_write: bool
+) -> None:
     allocator = build(engine, "ref_zero")
-    calls: list[tuple[list[int], set[int]]] = []
-    allocator.on_blocks_deregistered = lambda ids, hashes: calls.append((ids, hashes))
+    calls: list[tuple[list[int], set[int], list[int]]] = []
+    allocator.on_blocks_deregistered = lambda ids, hashes: calls.append(
+        (sorted(ids), hashes, allocator.block_ref_counts[ids].tolist())
+    )
     held = admit(allocator, [7, 8])
     assert held is not None
-    allocator.block_ref_counts[held] -= 1
-    assert [(sorted(ids), hashes) for ids, hashes in calls] == [(sorted(held.tolist()), {7, 8})]
+    if by_write:
+        allocator.block_ref_counts[held] -= 1
+    else:
+        allocator.release_memory_blocks(held)
+    # Megatron's release drops the counts, then calls on_blocks_deregistered.
+    assert calls == [(sorted(held.tolist()), {7, 8}, [0, 0])]
     assert allocator.kv_hash_to_block_id == {} and allocator.total_avail == 11
     assert allocator.block_hashes[held].tolist() == [-1, -1]
     allocator.check_consistency()
