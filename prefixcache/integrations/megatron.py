@@ -29,6 +29,12 @@ is undone on the tensor and raised. Other in-place tensor methods on these
 mirrors (``fill_``, ``add_``, writes through a slice view) are not seen, and
 Megatron's callers use none of them.
 
+On the native engine the hot calls (allocate, release, touch, register, a pin
+of distinct IDs) go to the compiled engine directly, which validates them and
+raises the library's errors before any change; what it deregistered is read
+back with its ``take_changes`` (DESIGN.md, "Megatron-core drop-in"). With KV
+events on, or on the Python engine, every call goes through the facade.
+
 Megatron is imported lazily (only :func:`install`, :func:`attach` and the
 default policy names need it), so this module imports without it.
 """
