@@ -511,12 +511,8 @@ class AutoPolicy(EvictionPolicy):
         for duel_id, duel in reversed(closed):
             self._reopen(duel_id, duel)
 
-    def discard(self, block_id: int) -> None:
-        """Stop tracking ``block_id`` (a hit): a use of its hash. Complexity: O(1).
-
-        Raises:
-            KeyError: ``block_id`` is not tracked.
-        """
+    def _untrack_use(self, block_id: int) -> tuple[int, list[tuple[Any, ...]] | None]:
+        """Stop tracking ``block_id`` for a use of its hash; its hash and the open undo log."""
         entry = self._tracked.pop(block_id)
         undo = self._txn_undo
         if undo is not None:
@@ -524,6 +520,15 @@ class AutoPolicy(EvictionPolicy):
         block_hash = self._stays[block_id][0]
         if block_hash in self._by_hash:
             self._reused(block_hash, undo)
+        return block_hash, undo
+
+    def discard(self, block_id: int) -> None:
+        """Stop tracking ``block_id`` (a hit): a use of its hash. Complexity: O(1).
+
+        Raises:
+            KeyError: ``block_id`` is not tracked.
+        """
+        self._untrack_use(block_id)
 
     def touch(self, block_id: int, now: int) -> None:
         """Record a use at ``now``. Complexity: O(log n).
@@ -531,13 +536,7 @@ class AutoPolicy(EvictionPolicy):
         Raises:
             KeyError: ``block_id`` is not tracked.
         """
-        entry = self._tracked.pop(block_id)
-        undo = self._txn_undo
-        if undo is not None:
-            undo.append((self._put_back, block_id, entry))
-        block_hash = self._stays[block_id][0]
-        if block_hash in self._by_hash:
-            self._reused(block_hash, undo)
+        block_hash, undo = self._untrack_use(block_id)
         self._push(block_id, now, self._count(block_hash, 1, undo))
         if undo is not None:
             undo.append((self._tracked.__delitem__, block_id))
@@ -617,12 +616,7 @@ class AutoPolicy(EvictionPolicy):
             if new_uses > 0:
                 self._count(block_hash, new_uses, undo)
             return True
-        charges, leader = self._charges, self._leader  # as in _next_leader, inlined
-        lead, challenger = charges[leader], charges[1 - leader]
-        if challenger < self._keep * lead - self._weight and lead - challenger > self._z * (
-            math.sqrt((lead + challenger) * self._weight)
-        ):
-            leader = 1 - leader
+        leader = self._next_leader()
         lru, frequent = self._lru, self._frequent  # the live tops, as in _tops
         while True:
             lru_key = lru[0]
