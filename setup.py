@@ -12,26 +12,20 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 
 NATIVE = "prefixcache/engine/native"
-SOURCES = [
-    "engine.cpp",
-    "engine_layout.cpp",
-    "engine_registry.cpp",
-    "module.cpp",
-    "module_engine.cpp",
-]
-HEADERS = [
-    "binding.h",
-    "block_hashing.h",
-    "engine.h",
-    "free_set.h",
-    "hash_index.h",
-    "leaf_heap.h",
-    "xxh3.h",
-]
+# Every .cpp of the native folder and of its policies/ (one file a native policy).
+SOURCES = sorted(
+    str(path.relative_to(NATIVE))
+    for path in [*Path(NATIVE).glob("*.cpp"), *Path(NATIVE).glob("policies/*.cpp")]
+)
+HEADERS = sorted(
+    str(path.relative_to(NATIVE))
+    for path in [*Path(NATIVE).glob("*.h"), *Path(NATIVE).glob("policies/*.h")]
+)
 
 
 def native_extensions() -> list[Extension]:

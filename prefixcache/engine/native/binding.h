@@ -32,6 +32,7 @@ bool native_int_buffer(PyObject* obj, Py_buffer* view, bool writable, const char
 int64_t native_element(const void* buf, Py_ssize_t i, Py_ssize_t itemsize, bool is_signed,
                        bool* too_big);
 bool add_engine_type(PyObject* module);
+bool add_policy_type(PyObject* module);
 PyObject* native_buffer_source(PyObject* obj, const char* what);
 
 }  // namespace prefixcache

@@ -1,0 +1,66 @@
+// make_policy: every built-in native policy by name (see policy.h).
+//
+// One line a policy: its name and the function in native/policies/NAME.cpp that builds it.
+#include <algorithm>
+#include <stdexcept>
+
+#include "policy.h"
+#include "policies/factories.h"
+
+namespace prefixcache {
+
+namespace {
+
+struct Entry {
+  const char* name;
+  std::unique_ptr<Policy> (*make)(int32_t num_blocks, const PolicyOptions& options);
+};
+
+const Entry kPolicies[] = {
+    {"fifo", make_fifo_policy},
+    {"lru", make_lru_policy},
+};
+
+}  // namespace
+
+double PolicyOptions::get(const std::string& name, double fallback) const {
+  for (const auto& [key, value] : values_) {
+    if (key == name) {
+      used_.push_back(name);
+      return value;
+    }
+  }
+  return fallback;
+}
+
+std::string PolicyOptions::unused() const {
+  std::string names;
+  for (const auto& entry : values_) {
+    if (std::find(used_.begin(), used_.end(), entry.first) != used_.end()) continue;
+    names += (names.empty() ? "" : ", ") + entry.first;
+  }
+  return names;
+}
+
+std::unique_ptr<Policy> make_policy(const std::string& name, int32_t num_blocks,
+                                    const PolicyOptions& options) {
+  for (const Entry& entry : kPolicies) {
+    if (name != entry.name) continue;
+    std::unique_ptr<Policy> policy = entry.make(num_blocks, options);
+    const std::string unused = options.unused();
+    if (!unused.empty()) {
+      throw std::invalid_argument("policy " + name + " has no option(s) " + unused);
+    }
+    return policy;
+  }
+  throw std::invalid_argument("no native policy named " + name);
+}
+
+std::vector<std::string> native_policy_names() {
+  std::vector<std::string> names;
+  for (const Entry& entry : kPolicies) names.emplace_back(entry.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace prefixcache

@@ -1,0 +1,193 @@
+"""Each native policy makes its Python class's decisions, call for call.
+
+The engine talks to a policy only through the calls of ``EvictionPolicy`` (DESIGN.md,
+"Native policies"), so a native policy that answers every call as its Python class does
+behaves identically inside either engine. Hypothesis draws programs of valid calls
+(insert, discard, touch, evict(1), an exposed parent's ``evicts_first`` then insert,
+relocate, on_register, set_retention, clear) and runs them on
+``_native.NativePolicy(name)`` and on ``prefixcache.policies.get(name)``; after every call
+the answers, the size and the tracked set must agree, and at the end both must give the
+same victims until empty.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prefixcache import policies
+from prefixcache.engine.native_engine import native_available
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="the native engine is not built")
+
+NUM_BLOCKS = 12
+HASHES = list(range(1_000, 1_024))  # few, so ghost lists and history get hits
+
+# Options each policy runs with besides its defaults: small capacities reach the limits.
+OPTIONS: dict[str, list[dict[str, float]]] = {
+    "fifo": [{}],
+    "lru": [{}],
+}
+
+CASES = [
+    pytest.param(name, options, id=f"{name}-{i}")
+    for name in sorted(OPTIONS)
+    for i, options in enumerate(OPTIONS[name])
+]
+
+EXAMPLES = int(os.environ.get("PREFIXCACHE_POLICY_EXAMPLES", "60"))
+
+
+def native_policy(name: str, options: dict[str, float]) -> object:
+    from prefixcache.engine import _native
+
+    return _native.NativePolicy(name, NUM_BLOCKS, options)
+
+
+def test_every_native_policy_has_a_case() -> None:
+    from prefixcache.engine import _native
+
+    assert sorted(OPTIONS) == _native.native_policy_names()
+
+
+class Program:
+    """One run: the two policies, the model of what is tracked, the clock."""
+
+    def __init__(self, name: str, options: dict[str, float]) -> None:
+        self.native = native_policy(name, options)
+        self.python = policies.get(name, **options)
+        self.tracked: dict[int, int] = {}  # block -> its hash
+        self.clock = 0
+        self.retention = policies.has_hook(self.python, "set_retention")
+
+    def both(self, method: str, *args: object) -> object:
+        expected = getattr(self.python, method)(*args)
+        got = getattr(self.native, method)(*args)
+        assert got == expected, f"{method}{args}: native {got!r}, python {expected!r}"
+        return expected
+
+    def leaf(self, data: st.DataObject, block_id: int) -> tuple[int, int, int, int, int]:
+        used = set(self.tracked.values())
+        block_hash = data.draw(st.sampled_from([h for h in HASHES if h not in used]))
+        last_access = data.draw(st.integers(max(0, self.clock - 6), self.clock))
+        num_accesses = data.draw(st.integers(1, 4))
+        depth = data.draw(st.integers(0, 5))
+        return block_id, block_hash, last_access, num_accesses, depth
+
+    def step(self, data: st.DataObject) -> None:
+        self.clock += data.draw(st.integers(0, 2))
+        free = [b for b in range(NUM_BLOCKS) if b not in self.tracked]
+        held = sorted(self.tracked)
+        kinds = ["register"]
+        if free and len(self.tracked) < len(HASHES):
+            kinds += ["insert", "insert", "insert", "expose"]
+        if held:
+            kinds += ["discard", "touch", "touch", "evict", "evict"]
+        if held and free:
+            kinds.append("relocate")
+        if self.retention:
+            kinds.append("retain")
+        kind = data.draw(st.sampled_from(kinds))
+        if kind == "insert":
+            args = self.leaf(data, data.draw(st.sampled_from(free)))
+            self.both("insert", *args)
+            self.tracked[args[0]] = args[1]
+        elif kind == "expose":  # what the engine does with a parent a victim exposed
+            args = self.leaf(data, data.draw(st.sampled_from(free)))
+            if not self.both("evicts_first", *args):
+                self.both("insert", *args)
+                self.tracked[args[0]] = args[1]
+        elif kind == "discard":
+            block_id = data.draw(st.sampled_from(held))
+            self.both("discard", block_id)
+            del self.tracked[block_id]
+        elif kind == "touch":
+            self.clock += 1
+            self.both("touch", data.draw(st.sampled_from(held)), self.clock)
+        elif kind == "evict":
+            for block_id in self.both("evict", 1):
+                del self.tracked[block_id]
+        elif kind == "relocate":
+            old = data.draw(st.sampled_from(held))
+            _, block_hash, last_access, num_accesses, depth = self.leaf(data, old)
+            block_hash = self.tracked[old]
+            new = data.draw(st.sampled_from(free))
+            self.both("relocate", old, new, block_hash, last_access, num_accesses, depth)
+            self.tracked[new] = self.tracked.pop(old)
+        elif kind == "register":
+            run = data.draw(st.lists(st.sampled_from(HASHES), min_size=1, max_size=4))
+            self.both("on_register", run, data.draw(st.integers(0, 5)))
+        else:
+            expires = data.draw(st.none() | st.integers(self.clock, self.clock + 20))
+            priority = data.draw(st.integers(0, 100))
+            self.both("set_retention", data.draw(st.sampled_from(HASHES)), priority, expires)
+        assert len(self.native) == len(self.python) == len(self.tracked)
+        for block_id in range(NUM_BLOCKS):
+            assert (block_id in self.native) == (block_id in self.python), block_id
+
+    def drain(self) -> None:
+        while self.tracked:
+            for block_id in self.both("evict", 1):
+                del self.tracked[block_id]
+        assert self.both("evict", 1) == []
+
+
+@pytest.mark.parametrize(("name", "options"), CASES)
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(data=st.data(), steps=st.integers(1, 80))
+def test_native_policy_answers_as_its_python_class(
+    name: str, options: dict[str, float], data: st.DataObject, steps: int
+) -> None:
+    program = Program(name, options)
+    for _ in range(steps):
+        program.step(data)
+    program.drain()
+
+
+@pytest.mark.parametrize(("name", "options"), CASES)
+def test_clear_forgets_everything(name: str, options: dict[str, float]) -> None:
+    native = native_policy(name, options)
+    for block_id in range(4):
+        native.insert(block_id, 1_000 + block_id, block_id, 1, 0)
+    native.clear()
+    assert len(native) == 0 and native.evict(1) == []
+    native.insert(0, 1_000, 5, 1, 0)
+    assert native.evict(1) == [0]
+
+
+def test_unknown_names_and_options_are_config_errors() -> None:
+    from prefixcache.engine import _native
+    from prefixcache.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no native policy named nope"):
+        _native.NativePolicy("nope", 4)
+    with pytest.raises(ConfigError, match="has no option"):
+        _native.NativePolicy("lru", 4, {"ghost_capacity": 3})
+    with pytest.raises(ConfigError, match="num_blocks"):
+        _native.NativePolicy("lru", 0)
+
+
+def test_calls_are_checked_before_the_policy_sees_them() -> None:
+    from prefixcache.engine import _native
+    from prefixcache.errors import BlockStateError, InvalidBlockIdError
+
+    native = _native.NativePolicy("lru", 4)
+    native.insert(1, 1_001, 0, 1, 0)
+    with pytest.raises(InvalidBlockIdError):
+        native.insert(4, 1_004, 0, 1, 0)
+    with pytest.raises(BlockStateError):
+        native.insert(1, 1_001, 0, 1, 0)
+    with pytest.raises(KeyError):
+        native.discard(2)
+    with pytest.raises(KeyError):
+        native.touch(2, 3)
+    with pytest.raises(NotImplementedError):
+        native.set_retention(1_001, 3)
+    assert len(native) == 1 and 1 in native and "1" not in native
