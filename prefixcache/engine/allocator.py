@@ -41,7 +41,7 @@ from prefixcache.errors import (
     InvalidArgumentError,
     InvariantError,
 )
-from prefixcache.policies import EvictionPolicy, has_hook, is_transactional
+from prefixcache.policies import EvictionPolicy, has_hook
 
 _SENTINEL_HASHES = (0, -1)
 
@@ -554,20 +554,7 @@ class KVBlockAllocator(
         if duration is not None:
             duration = require_int(duration, "duration", minimum=0, maximum=MAX_CLOCK)
         expires_at = None if duration is None else self._engine.clock + duration
-        policy = self.policy
-        # One policy transaction: a policy that raises midway keeps none of the priorities.
-        transactional = is_transactional(policy)
-        if transactional:
-            policy.begin()
-        try:
-            for block_hash in hashes:
-                policy.set_retention(block_hash, priority, expires_at)
-        except BaseException:
-            if transactional:
-                policy.abort()
-            raise
-        if transactional:
-            policy.commit()
+        self._engine.set_retention(hashes, priority, expires_at)
 
     def evict_cached_blocks(self, num_blocks: int) -> int:
         """Evict up to ``num_blocks`` cached blocks through the policy.

@@ -217,6 +217,13 @@ class EngineCore(Protocol):
         """Evict up to ``num_blocks`` cached blocks through the policy; how many were freed."""
         ...
 
+    def set_retention(self, block_hashes: list[int], priority: int, expires_at: int | None) -> None:
+        """Give each hash retention ``priority`` until ``expires_at`` in the policy, all or none.
+
+        Only for a policy with retention (the facade checks the hook first).
+        """
+        ...
+
     def reference_counts(self, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Active and paused reference counts (fresh int32 arrays)."""
         ...

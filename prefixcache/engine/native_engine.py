@@ -23,9 +23,6 @@ import numpy as np
 
 from prefixcache.engine.core import EngineCounters
 
-NATIVE_POLICIES: tuple[str, ...] = ("lru", "fifo", "ref_zero")
-"""Policies the native engine runs inside (by name; a policy object runs on Python)."""
-
 _native: ModuleType | None
 _IMPORT_ERROR: str | None
 try:
@@ -35,6 +32,11 @@ try:
 except ImportError as exc:  # not built: the package falls back to the Python engine
     _native = None
     _IMPORT_ERROR = str(exc)
+
+NATIVE_POLICIES: tuple[str, ...] = (
+    tuple(sorted([*_native.native_policy_names(), "ref_zero"])) if _native is not None else ()
+)
+"""Policies the native engine runs inside, by name (each one file of ``native/policies/``)."""
 
 _warned = False
 
@@ -83,7 +85,8 @@ class NativeEngine:
     Args:
         total_count: blocks including the dummy.
         paused_count: budget of the paused partition.
-        policy_name: ``"lru"``, ``"fifo"`` or ``"ref_zero"``.
+        policy_name: one of :data:`NATIVE_POLICIES`.
+        policy_options: the policy's keyword arguments (numbers), as for its Python class.
         track_changes: record freed blocks and removed hashes for :meth:`take_changes`.
         block_size: tokens per block, for the fused path's hashing.
         root_hash: root of the fused path's hash chains (``hashing.root_hash``
@@ -100,6 +103,7 @@ class NativeEngine:
         paused_count: int,
         policy_name: str,
         *,
+        policy_options: dict[str, float] | None = None,
         track_changes: bool = False,
         block_size: int = 16,
         root_hash: int | None = None,
@@ -116,6 +120,7 @@ class NativeEngine:
             root_hash,
             lowest_first,
             page_size,
+            policy_options,
         )
         self.policy_name = policy_name
         self.num_usable = total_count - 1
@@ -213,6 +218,11 @@ class NativeEngine:
 
     def evict(self, num_blocks: int) -> int:
         return int(self.core.evict(num_blocks))
+
+    def set_retention(self, block_hashes: list[int], priority: int, expires_at: int | None) -> None:
+        set_retention = self.core.set_retention  # a native policy never fails midway
+        for block_hash in block_hashes:
+            set_retention(block_hash, priority, expires_at)
 
     def reference_counts(self, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         active, paused = self.core.reference_counts(block_ids)

@@ -17,7 +17,7 @@ from prefixcache.engine.registration import Registrar
 from prefixcache.engine.registry import ROOT, HashRegistry
 from prefixcache.engine.types import NO_HASH
 from prefixcache.errors import BlockStateError
-from prefixcache.policies import EvictionPolicy
+from prefixcache.policies import EvictionPolicy, is_transactional
 
 _EMPTY_FREED = np.empty(0, dtype=np.int32)
 
@@ -447,6 +447,22 @@ class PythonEngine:
         if self._track_changes:
             self._freed.append(np.asarray(freed, dtype=np.int32))
         return len(freed)
+
+    def set_retention(self, block_hashes: list[int], priority: int, expires_at: int | None) -> None:
+        # One policy transaction: a policy that raises midway keeps none of the priorities.
+        policy = self.policy
+        transactional = is_transactional(policy)
+        if transactional:
+            policy.begin()
+        try:
+            for block_hash in block_hashes:
+                policy.set_retention(block_hash, priority, expires_at)
+        except BaseException:
+            if transactional:
+                policy.abort()
+            raise
+        if transactional:
+            policy.commit()
 
     def _allocate_evicting(self, num_blocks: int, shortfall: int) -> np.ndarray:
         """Evict ``shortfall`` cached blocks and hand them out with every free block.

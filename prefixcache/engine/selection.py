@@ -18,7 +18,21 @@ from prefixcache.engine.native_engine import (
 from prefixcache.engine.pool import resolve_device
 from prefixcache.engine.python_engine import PythonEngine
 from prefixcache.errors import ConfigError
-from prefixcache.policies import EvictionPolicy, FIFOPolicy, LRUPolicy, RefZeroPolicy
+from prefixcache.policies import (
+    ARCPolicy,
+    AutoPolicy,
+    EvictionPolicy,
+    FIFOPolicy,
+    HazardPolicy,
+    LFUPolicy,
+    LRUPolicy,
+    PriorityPolicy,
+    ProtectedLRUPolicy,
+    RefZeroPolicy,
+    ReuseLRUPolicy,
+    S3FIFOPolicy,
+    SLRUPolicy,
+)
 
 ENGINE_ENV = "PREFIXCACHE_ENGINE"
 """Environment variable that overrides ``engine="auto"``: ``python`` or ``native``."""
@@ -26,10 +40,21 @@ ENGINE_ENV = "PREFIXCACHE_ENGINE"
 AUTO_PREFERS_NATIVE = True
 """Whether ``engine="auto"`` runs the native engine where it can (else only on request)."""
 
-_NATIVE_POLICY_TYPES: dict[str, type] = {
-    "lru": LRUPolicy,
+# The built-in class behind each name: a name a program re-registered to another class
+# keeps its Python object.
+_BUILT_IN_TYPES: dict[str, type] = {
+    "arc": ARCPolicy,
+    "auto": AutoPolicy,
     "fifo": FIFOPolicy,
+    "hazard": HazardPolicy,
+    "lfu": LFUPolicy,
+    "lru": LRUPolicy,
+    "priority": PriorityPolicy,
+    "protected_lru": ProtectedLRUPolicy,
     "ref_zero": RefZeroPolicy,
+    "reuse_lru": ReuseLRUPolicy,
+    "s3fifo": S3FIFOPolicy,
+    "slru": SLRUPolicy,
 }
 
 
@@ -48,33 +73,43 @@ def requested_engine(config: AllocatorConfig) -> str:
     return choice
 
 
-def native_policy_name(config: AllocatorConfig, policy: EvictionPolicy) -> str | None:
-    """The native policy that ``config`` names, or None when it names another (or an object).
+def native_policy(
+    config: AllocatorConfig, policy: EvictionPolicy
+) -> tuple[str, dict[str, float]] | None:
+    """The native policy ``config`` names and its options, or None when it names another.
 
-    A policy given as an object, or as a mapping with arguments, keeps its
-    Python object (the caller may hold it); so does a name that a program
-    re-registered to another class.
+    A built-in policy given by name, or as a mapping of its name and numeric keyword
+    arguments (validated already: ``policy`` was built from them), runs natively. A
+    policy given as an object keeps its Python object (the caller may hold it); so do a
+    name a program re-registered to another class and options that are not numbers.
     """
     if config.cache_unreferenced is False:  # nothing is cached: the policy never runs
-        return "ref_zero"
+        return "ref_zero", {}
     spec = config.eviction_policy
+    options: dict[str, float] = {}
     if isinstance(spec, Mapping):
-        if set(spec) != {"name"}:
+        options = {key: value for key, value in spec.items() if key != "name"}
+        spec = spec.get("name")
+        if not all(
+            isinstance(value, (int, float)) and not isinstance(value, bool)
+            for value in options.values()
+        ):
             return None
-        spec = spec["name"]
     if not isinstance(spec, str) or spec not in NATIVE_POLICIES:
         return None
-    return spec if type(policy) is _NATIVE_POLICY_TYPES[spec] else None
+    if type(policy) is not _BUILT_IN_TYPES.get(spec):
+        return None
+    return spec, options
 
 
 def native_unsupported_reason(config: AllocatorConfig, policy: EvictionPolicy) -> str | None:
     """Why the native engine cannot run ``config`` (None: it can). Complexity: O(1)."""
     if not native_available():
         return f"the extension is not built ({native_unavailable_reason()})"
-    if native_policy_name(config, policy) is None:
+    if native_policy(config, policy) is None:
         return (
-            f"it runs the policies {', '.join(NATIVE_POLICIES)} given by name, "
-            f"not {config.eviction_policy!r}"
+            f"it runs the policies {', '.join(NATIVE_POLICIES)} given by name (with numeric "
+            f"options), not {config.eviction_policy!r}"
         )
     if config.hash_algo != "xxh3_64":
         return "it keeps 64-bit hashes: hash_algo must be 'xxh3_64'"
@@ -109,12 +144,14 @@ def build_engine(
         choice = "python"
     if choice != "python":
         reason = native_unsupported_reason(config, policy)
-        if reason is None:
+        named = native_policy(config, policy)
+        if reason is None and named is not None:
             salt_keys = [] if config.hash_salt is None else [config.hash_salt]
             return NativeEngine(
                 config.total_count,
                 config.paused_count,
-                native_policy_name(config, policy) or "lru",
+                named[0],
+                policy_options=named[1],
                 track_changes=track_changes,
                 block_size=config.block_size_tokens,
                 root_hash=hashing.root_hash(None, salt_keys or None, "xxh3_64"),

@@ -8,10 +8,12 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine.h"
+#include "policy.h"
 
 namespace prefixcache {
 
@@ -33,6 +35,10 @@ int64_t native_element(const void* buf, Py_ssize_t i, Py_ssize_t itemsize, bool 
                        bool* too_big);
 bool add_engine_type(PyObject* module);
 bool add_policy_type(PyObject* module);
+/// The native policy ``name`` with ``options`` (a dict of numbers, or None) into ``out``;
+/// false with ConfigError set for an unknown name or option or a value out of range.
+bool native_build_policy(const char* name, int32_t num_blocks, PyObject* options,
+                         std::unique_ptr<Policy>* out);
 PyObject* native_buffer_source(PyObject* obj, const char* what);
 
 }  // namespace prefixcache

@@ -19,12 +19,11 @@ namespace {
 
 }  // namespace
 
-Engine::Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, bool track_changes,
-               bool lowest_first, int32_t page_size)
+Engine::Engine(int32_t total_count, int32_t paused_count, std::unique_ptr<Policy> policy,
+               bool track_changes, bool lowest_first, int32_t page_size)
     : total_count_(total_count),
       num_usable_(total_count - 1),
       paused_count_(paused_count),
-      policy_(policy),
       track_changes_(track_changes),
       lowest_first_(lowest_first),
       stack_(lowest_first ? 0 : static_cast<size_t>(total_count - 1)),
@@ -43,9 +42,10 @@ Engine::Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, boo
       registration_(total_count, 0),
       last_access_(total_count, 0),
       num_accesses_(total_count, 0),
-      heap_(static_cast<size_t>(total_count)),
       stamp_(total_count, 0),
       slot_(total_count, 0) {
+  policy_ = std::move(policy);
+  if (policy_) policy_->bind(&view_);
   reset();
 }
 
@@ -325,7 +325,8 @@ void Engine::take_references() {
         ++from_paused;
       } else {
         ++cached;
-        if (heap_.contains(block_id)) heap_.remove(block_id);
+        // A cached leaf stops being evictable (the Python engine's _discard_leaves).
+        if (policy_ && num_children_[block_id] == 0) policy_->discard(block_id);
       }
     }
     active_[block_id] += delta;
@@ -404,11 +405,17 @@ void Engine::touch(const int32_t* ids, size_t count) {
     }
   }
   const int64_t now = counters_.clock + 1;
-  if (policy_ == PolicyKind::kLru) {  // fifo keeps a leaf's place; ref-zero tracks none
+  if (policy_ && policy_->uses_touch()) {  // the tracked leaves, ascending and once each
+    leaves_.clear();
     for (size_t i = 0; i < count; ++i) {
       const int32_t block_id = ids[i];
-      if (heap_.contains(block_id)) heap_.rekey(block_id, now);
+      if (is_unreferenced(block_id) && num_children_[block_id] == 0) leaves_.push_back(block_id);
     }
+    if (leaves_.size() > 1) {
+      std::sort(leaves_.begin(), leaves_.end());
+      leaves_.erase(std::unique(leaves_.begin(), leaves_.end()), leaves_.end());
+    }
+    for (const int32_t block_id : leaves_) policy_->touch(block_id, now);
   }
   counters_.clock = now;
   for (size_t i = 0; i < count; ++i) last_access_[ids[i]] = now;
@@ -427,16 +434,26 @@ int64_t Engine::evict(int64_t num_blocks) {
 }
 
 void Engine::plan_eviction(int64_t num_blocks, std::vector<int32_t>& freed) {
-  // Victims one at a time: evicting a leaf may expose its parent, which then
-  // competes with the other leaves for the next slot (inserting it and popping
-  // the minimum is what the Python planner's evicts_first shortcut amounts to).
+  // Victims one at a time, as the Python planner (eviction.py) asks for them: evicting a
+  // leaf may expose its parent, which then competes with the other leaves for the next
+  // slot, unless the policy says it would evict it next (evicts_first): then it is.
+  int32_t next_victim = kRoot;
   while (static_cast<int64_t>(freed.size()) < num_blocks) {
-    const int32_t block_id = heap_.empty() ? drop_pinned_subtree() : heap_.pop();
+    int32_t block_id = next_victim;
+    next_victim = kRoot;
+    if (block_id == kRoot) block_id = policy_->evict_one();
+    if (block_id == kNoBlock) block_id = drop_pinned_subtree();
     freed.push_back(block_id);
     const int32_t parent_id = parent_[block_id];
     deregister_leaf(block_id);
     if (parent_id != kRoot && num_children_[parent_id] == 0 && is_unreferenced(parent_id)) {
-      insert_leaf(parent_id);
+      const LeafInfo leaf = leaf_info(parent_id);
+      if (static_cast<int64_t>(freed.size()) < num_blocks &&
+          policy_->evicts_first(parent_id, leaf)) {
+        next_victim = parent_id;
+      } else {
+        policy_->insert(parent_id, leaf);
+      }
     }
   }
   num_cached_ -= num_blocks;

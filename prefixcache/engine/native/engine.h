@@ -4,9 +4,9 @@
 // indexed by block ID (DESIGN.md, "The engine seam"): the free stack, active
 // and paused reference counts with their partition counters, the hash
 // registry (HashIndex plus parent/child links, child counts and depths),
-// last access and hand-out counts, and the built-in policies inside (lru and
-// fifo as a LeafHeap of cached leaves; ref-zero as a mode that caches
-// nothing). Method names and the order of operations follow the Python
+// last access and hand-out counts, and an eviction policy: a Policy unit
+// (policy.h) the engine calls at the points the Python engine calls its
+// policy object, or none in the ref-zero mode, which caches nothing. Method names and the order of operations follow the Python
 // engine, so a reader can move between them; every order that an observer can
 // see (IDs handed out, the free stack, child lists, removed hashes) is the
 // Python engine's, which the differential test checks step by step.
@@ -20,13 +20,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "free_set.h"
 #include "hash_index.h"
-#include "leaf_heap.h"
+#include "policy.h"
 
 namespace prefixcache {
 
@@ -47,8 +48,6 @@ struct EngineError {
   std::string message;
 };
 
-enum class PolicyKind { kLru = 0, kFifo = 1, kRefZero = 2 };
-
 constexpr int32_t kRoot = -1;  // parent of a chain's first block; "no block" in links
 
 struct Counters {
@@ -63,17 +62,31 @@ struct Counters {
 
 class Engine {
  public:
-  // lowest_first: the free list hands out the lowest free IDs first (a LowestFreeList,
-  // pages of page_size blocks) instead of popping the stack (free_list="lowest").
-  Engine(int32_t total_count, int32_t paused_count, PolicyKind policy, bool track_changes,
-         bool lowest_first = false, int32_t page_size = 1);
+  // policy: the eviction policy for block IDs below total_count, or null for the ref-zero
+  // mode (nothing unreferenced is cached). lowest_first: the free list hands out the lowest
+  // free IDs first (a LowestFreeList, pages of page_size blocks) instead of popping the
+  // stack (free_list="lowest").
+  Engine(int32_t total_count, int32_t paused_count, std::unique_ptr<Policy> policy,
+         bool track_changes, bool lowest_first = false, int32_t page_size = 1);
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   // ---- configuration and O(1) counters
   int32_t num_usable() const noexcept { return num_usable_; }
   int32_t paused_count() const noexcept { return paused_count_; }
   int32_t active_count() const noexcept { return num_usable_ - paused_count_; }
-  bool retains_unreferenced() const noexcept { return policy_ != PolicyKind::kRefZero; }
-  PolicyKind policy() const noexcept { return policy_; }
+  bool retains_unreferenced() const noexcept { return policy_ != nullptr; }
+  /// The eviction policy; null in the ref-zero mode.
+  Policy* policy() const noexcept { return policy_.get(); }
+  /// What the policy is told of ``block_id`` (registered): hash, last access, hand-outs, depth.
+  LeafInfo leaf_info(int32_t block_id) const noexcept {
+    return LeafInfo{hash_of_[block_id], last_access_[block_id], num_accesses_[block_id],
+                    depth_[block_id]};
+  }
+  /// Forward a retention priority to the policy (which must have retention).
+  void set_retention(int64_t block_hash, int64_t priority, int64_t expires_at) {
+    policy_->set_retention(block_hash, priority, expires_at);
+  }
   int64_t num_free() const noexcept { return num_free_; }
   int64_t num_active() const noexcept { return num_active_; }
   int64_t num_paused() const noexcept { return num_paused_; }
@@ -162,13 +175,30 @@ class Engine {
   }
   void push_free(int32_t block_id) noexcept;
   void rebuild_free_list();
-  void insert_leaf(int32_t block_id) noexcept { heap_.insert(block_id, last_access_[block_id]); }
+  void insert_leaf(int32_t block_id) { policy_->insert(block_id, leaf_info(block_id)); }
+  void notify_registrations(const int32_t* ids, const int64_t* hashes, const uint8_t* is_new,
+                            size_t count);
   void reset_counters() noexcept;
 
   const int32_t total_count_;
   const int32_t num_usable_;
   const int32_t paused_count_;
-  const PolicyKind policy_;
+  // What a policy may read of the engine (EngineView), bound to the policy once.
+  class View final : public EngineView {
+   public:
+    explicit View(const Engine* engine) noexcept : engine_(engine) {}
+    int32_t num_usable() const noexcept override { return engine_->num_usable_; }
+    bool is_free(int32_t block_id) const noexcept override { return engine_->is_free(block_id); }
+    bool is_held(int32_t block_id) const noexcept override {
+      return !engine_->is_unreferenced(block_id);
+    }
+    int64_t clock() const noexcept override { return engine_->counters_.clock; }
+
+   private:
+    const Engine* engine_;
+  };
+  View view_{this};
+  std::unique_ptr<Policy> policy_;
   const bool track_changes_;
   const bool lowest_first_;
 
@@ -193,7 +223,6 @@ class Engine {
   // Of registered blocks: clock of registration or last hit/touch; hand-outs since.
   std::vector<int64_t> last_access_;
   std::vector<int32_t> num_accesses_;
-  LeafHeap heap_;
 
   int64_t num_active_ = 0, num_paused_ = 0, num_cached_ = 0;
   int64_t num_holding_paused_ = 0;  // blocks holding any paused reference (paused budget)
@@ -209,6 +238,7 @@ class Engine {
   std::vector<int32_t> unique_, counts_, held_, scratch_, scratch2_, stack_scratch_;
   std::vector<int32_t> hashed_, unhashed_;  // on_unreferenced's split
   std::vector<int32_t> hits_;
+  std::vector<int32_t> leaves_;  // touch's tracked leaves; registration's parents gaining a child
   std::vector<uint8_t> flags_;
 
   uint32_t next_generation() noexcept;

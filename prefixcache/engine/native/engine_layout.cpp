@@ -62,13 +62,12 @@ void Engine::check_relocation(const int32_t* sources, const int32_t* destination
 void Engine::relocate(const int32_t* sources, const int32_t* destinations, size_t count) {
   check_relocation(sources, destinations, count);  // every check before the first write
   if (count == 0) return;
-  // The leaves leave the heap under their old IDs and come back under the new ones.
-  std::vector<int32_t>& leaves = scratch_;
-  leaves.clear();
-  for (size_t i = 0; i < count; ++i) {
-    if (heap_.contains(sources[i])) {
-      heap_.remove(sources[i]);
-      leaves.push_back(destinations[i]);
+  // The policy learns each cached leaf's new ID first, in the order of the moves (the
+  // Python engine's defragment.py); the destinations are free, so none is tracked.
+  if (policy_) {
+    for (size_t i = 0; i < count; ++i) {
+      const int32_t source = sources[i];
+      if (is_tracked_leaf(source)) policy_->relocate(source, destinations[i], leaf_info(source));
     }
   }
   std::vector<int32_t>& perm = scratch2_;
@@ -100,7 +99,6 @@ void Engine::relocate(const int32_t* sources, const int32_t* destinations, size_
       if (link >= 0) link = perm[link];
     }
   }
-  for (const int32_t block_id : leaves) insert_leaf(block_id);
   rebuild_free_list();
 }
 

@@ -145,13 +145,14 @@ void Engine::register_chain(const int32_t* ids, const int64_t* hashes, size_t co
   // A hash already held (by another block, or earlier in this chain) keeps its
   // holder and the chain continues under it; a parent that gains its first
   // child stops being a cached leaf.
+  leaves_.clear();
   int32_t previous = parent_id;
   for (size_t i = 0; i < count; ++i) {
     const int32_t block_id = ids[i];
     int32_t holder = index_.find(hashes[i]);
     const bool fresh = holder < 0;
     if (fresh) {
-      if (previous != kRoot && is_tracked_leaf(previous)) heap_.remove(previous);
+      if (previous != kRoot && is_tracked_leaf(previous)) leaves_.push_back(previous);
       register_block(block_id, hashes[i], previous);
       holder = block_id;
     }
@@ -159,6 +160,24 @@ void Engine::register_chain(const int32_t* ids, const int64_t* hashes, size_t co
     is_new[i] = fresh;
     previous = holder;
   }
+  if (policy_) notify_registrations(ids, hashes, is_new, count);
+}
+
+void Engine::notify_registrations(const int32_t* ids, const int64_t* hashes,
+                                  const uint8_t* is_new, size_t count) {
+  // The Python engine's order (registration.py): on_register once per run of consecutive
+  // new positions, then the parents that gained a child leave the policy, in chain order.
+  for (size_t start = 0; start < count;) {
+    if (!is_new[start]) {
+      ++start;
+      continue;
+    }
+    size_t end = start;
+    while (end < count && is_new[end]) ++end;
+    policy_->on_register(hashes + start, end - start, depth_[ids[start]]);
+    start = end;
+  }
+  for (const int32_t block_id : leaves_) policy_->discard(block_id);
 }
 
 // ------------------------------------------------------------------ fused request path
@@ -211,7 +230,7 @@ void Engine::reset_counters() noexcept {
 }
 
 void Engine::reset() {
-  heap_.clear();
+  if (policy_) policy_->clear();
   if (lowest_first_) {
     lowest_.clear();
     for (int32_t i = 0; i < num_usable_; ++i) lowest_.insert(i);
@@ -297,14 +316,10 @@ std::vector<std::string> Engine::find_problems() const {
     }
     const bool leaf = cached && num_children_[block_id] == 0;
     num_leaves += leaf;
-    if (retains_unreferenced() && leaf != heap_.contains(block_id)) {
+    if (policy_ && block_id < num_usable_ && leaf != policy_->contains(block_id)) {
       problems.push_back("block " + std::to_string(block_id) + ": cached leaf=" +
                          std::to_string(leaf) + " but tracked=" +
-                         std::to_string(heap_.contains(block_id)));
-    }
-    if (leaf && policy_ == PolicyKind::kLru && heap_.contains(block_id) &&
-        heap_.key_of(block_id) != last_access_[block_id]) {
-      problems.push_back("lru leaf " + std::to_string(block_id) + " keyed off its last access");
+                         std::to_string(policy_->contains(block_id)));
     }
   }
   const struct { const char* name; int64_t counted, counter; } partitions[] = {
@@ -374,8 +389,8 @@ std::vector<std::string> Engine::find_problems() const {
       problems.push_back("policy keeps nothing but " + std::to_string(num_cached_) +
                          " blocks are cached");
     }
-  } else if (static_cast<int64_t>(heap_.size()) != num_leaves) {
-    problems.push_back("policy tracks " + std::to_string(heap_.size()) + " blocks, " +
+  } else if (static_cast<int64_t>(policy_->size()) != num_leaves) {
+    problems.push_back("policy tracks " + std::to_string(policy_->size()) + " blocks, " +
                        std::to_string(num_leaves) + " cached leaves");
   }
   if (!pending_blocks_.empty() && group_depth_ == 0) {
@@ -398,7 +413,7 @@ size_t Engine::memory_bytes() const noexcept {
   // stack, active, paused, pending, parent, 3 links, children, depth, accesses, slot (int32);
   // hash_of, registration, last_access (int64); stamp (uint32)
   return per_block * static_cast<size_t>(total_count_) + index_.memory_bytes() +
-         heap_.memory_bytes() + lowest_.memory_bytes();
+         (policy_ ? policy_->memory_bytes() : 0) + lowest_.memory_bytes();
 }
 
 }  // namespace prefixcache

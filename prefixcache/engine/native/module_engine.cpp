@@ -62,16 +62,18 @@ void engine_dealloc(PyObject* py_self) {
 int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
   static const char* keywords[] = {"total_count", "paused_count", "policy", "track_changes",
                                    "block_size", "root_hash", "lowest_first", "page_size",
-                                   nullptr};
+                                   "policy_options", nullptr};
   long long total_count = 0, paused_count = 0, block_size = 16;
   const char* policy = nullptr;
   int track_changes = 0;
   PyObject* root = nullptr;
   int lowest_first = 0;
   long long page_size = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLsp|LOpL", const_cast<char**>(keywords),
+  PyObject* policy_options = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLsp|LOpLO", const_cast<char**>(keywords),
                                    &total_count, &paused_count, &policy, &track_changes,
-                                   &block_size, &root, &lowest_first, &page_size)) {
+                                   &block_size, &root, &lowest_first, &page_size,
+                                   &policy_options)) {
     return -1;
   }
   if (page_size < 1 || page_size > INT32_MAX || (page_size > 1 && !lowest_first)) {
@@ -86,16 +88,10 @@ int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
                  "block_size >= 1");
     return -1;
   }
-  PolicyKind kind;
-  if (std::strcmp(policy, "lru") == 0) {
-    kind = PolicyKind::kLru;
-  } else if (std::strcmp(policy, "fifo") == 0) {
-    kind = PolicyKind::kFifo;
-  } else if (std::strcmp(policy, "ref_zero") == 0) {
-    kind = PolicyKind::kRefZero;
-  } else {
-    native_raise(ErrorKind::kInvalidArgument,
-                 std::string("the native engine runs lru, fifo and ref_zero, not ") + policy);
+  // ref_zero is a mode (nothing unreferenced is cached), not a policy.
+  std::unique_ptr<Policy> built;
+  if (std::strcmp(policy, "ref_zero") != 0 &&
+      !native_build_policy(policy, static_cast<int32_t>(total_count), policy_options, &built)) {
     return -1;
   }
   uint64_t root_hash = default_root();
@@ -110,7 +106,8 @@ int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
   EngineObject* self = self_of(py_self);
   try {
     Engine* engine = new Engine(static_cast<int32_t>(total_count),
-                                static_cast<int32_t>(paused_count), kind, track_changes != 0,
+                                static_cast<int32_t>(paused_count), std::move(built),
+                                track_changes != 0,
                                 lowest_first != 0, static_cast<int32_t>(page_size));
     delete self->engine;
     self->engine = engine;
@@ -577,6 +574,34 @@ PyObject* engine_evict(PyObject* py_self, PyObject* arg) {
   return PyLong_FromLongLong(freed);
 }
 
+PyObject* engine_set_retention(PyObject* py_self, PyObject* args) {
+  EngineObject* self = self_of(py_self);
+  long long block_hash, priority;
+  PyObject* expires = Py_None;
+  if (!ready(self) || !PyArg_ParseTuple(args, "LL|O", &block_hash, &priority, &expires)) {
+    return nullptr;
+  }
+  Policy* policy = self->engine->policy();
+  if (!policy || !policy->has_retention()) {
+    PyErr_SetString(PyExc_NotImplementedError, "the native policy has no retention priorities");
+    return nullptr;
+  }
+  long long expires_at = kNoExpiry;
+  if (expires != Py_None) {
+    expires_at = PyLong_AsLongLong(expires);
+    if (expires_at == -1 && PyErr_Occurred()) return nullptr;
+  }
+  GUARD(self->engine->set_retention(block_hash, priority, expires_at);)
+  Py_RETURN_NONE;
+}
+
+PyObject* engine_has_retention(PyObject* py_self, PyObject*) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self)) return nullptr;
+  Policy* policy = self->engine->policy();
+  return PyBool_FromLong(policy != nullptr && policy->has_retention());
+}
+
 PyObject* engine_advance_clock(PyObject* py_self, PyObject* arg) {
   EngineObject* self = self_of(py_self);
   int64_t ticks;
@@ -750,6 +775,10 @@ PyGetSetDef g_getset[] = {
 
 PyMethodDef g_methods[] = {
     {"allocate", engine_allocate, METH_O, "allocate(num_blocks) -> BlockIds | None"},
+    {"set_retention", engine_set_retention, METH_VARARGS,
+     "set_retention(block_hash, priority, expires_at=None): forwarded to the policy"},
+    {"has_retention", engine_has_retention, METH_NOARGS,
+     "has_retention() -> bool: whether the policy keeps retention priorities"},
     {"release", FAST(engine_release), METH_FASTCALL | METH_KEYWORDS,
      "release(block_ids, paused=False)"},
     {"release_request", engine_release_request, METH_O, "release_request(block_ids)"},

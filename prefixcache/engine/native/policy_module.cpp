@@ -69,44 +69,20 @@ int policy_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   const char* name = nullptr;
   int num_blocks = 0;
   PyObject* options = nullptr;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "si|O!", const_cast<char**>(names), &name,
-                                   &num_blocks, &PyDict_Type, &options)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "si|O", const_cast<char**>(names), &name,
+                                   &num_blocks, &options)) {
     return -1;
   }
   if (num_blocks < 1) {
     PyErr_Format(g_config_error, "num_blocks must be >= 1, got %d", num_blocks);
     return -1;
   }
-  PolicyOptions parsed;
-  if (options) {
-    PyObject *key, *value;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(options, &pos, &key, &value)) {
-      if (!PyUnicode_Check(key) || PyBool_Check(value) ||
-          !(PyLong_Check(value) || PyFloat_Check(value))) {
-        PyErr_Format(g_config_error, "policy options are str -> number, got %R: %R", key, value);
-        return -1;
-      }
-      const double number = PyFloat_AsDouble(value);
-      if (number == -1.0 && PyErr_Occurred()) return -1;
-      const char* text = PyUnicode_AsUTF8(key);
-      if (!text) return -1;
-      parsed.set(text, number);
-    }
-  }
+  std::unique_ptr<Policy> policy;
+  if (!native_build_policy(name, num_blocks, options, &policy)) return -1;
   auto* object = reinterpret_cast<PolicyObject*>(self);
-  try {
-    std::unique_ptr<Policy> policy = make_policy(name, num_blocks, parsed);
-    delete object->policy;
-    object->policy = policy.release();
-    object->num_blocks = num_blocks;
-  } catch (const std::invalid_argument& error) {
-    PyErr_SetString(g_config_error, error.what());
-    return -1;
-  } catch (const std::bad_alloc&) {
-    PyErr_NoMemory();
-    return -1;
-  }
+  delete object->policy;
+  object->policy = policy.release();
+  object->num_blocks = num_blocks;
   return 0;
 }
 
@@ -301,6 +277,41 @@ PyMethodDef g_names_method = {"native_policy_names", module_policy_names, METH_N
                               "native_policy_names() -> list[str]: the native policies, sorted"};
 
 }  // namespace
+
+bool native_build_policy(const char* name, int32_t num_blocks, PyObject* options,
+                         std::unique_ptr<Policy>* out) {
+  PolicyOptions parsed;
+  if (options && options != Py_None) {
+    if (!PyDict_Check(options)) {
+      PyErr_Format(g_config_error, "policy options must be a dict, got %R", options);
+      return false;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(options, &pos, &key, &value)) {
+      if (!PyUnicode_Check(key) || PyBool_Check(value) ||
+          !(PyLong_Check(value) || PyFloat_Check(value))) {
+        PyErr_Format(g_config_error, "policy options are str -> number, got %R: %R", key, value);
+        return false;
+      }
+      const double number = PyFloat_AsDouble(value);
+      if (number == -1.0 && PyErr_Occurred()) return false;
+      const char* text = PyUnicode_AsUTF8(key);
+      if (!text) return false;
+      parsed.set(text, number);
+    }
+  }
+  try {
+    *out = make_policy(name, num_blocks, parsed);
+  } catch (const std::invalid_argument& error) {
+    PyErr_SetString(g_config_error, error.what());
+    return false;
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+    return false;
+  }
+  return true;
+}
 
 bool add_policy_type(PyObject* module) {
   PyObject* errors = PyImport_ImportModule("prefixcache.errors");
