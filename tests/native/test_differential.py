@@ -8,8 +8,8 @@ pause/resume with budget errors, touch, evict, reset, advance_clock, the
 request path, defragmentation by plan and by random moves) and compares
 every observable after each step: the IDs returned, the exception types,
 the free stack in order, reference counts, registry lookups and chains, KV
-events and stats. One machine per native
-policy, with KV events on (the engines' change logs) and off (the fused
+events and stats. One machine per native policy (every name of
+``NATIVE_POLICIES``), with KV events on (the engines' change logs) and off (the fused
 request path), each with the stack free list, the lowest-first one
 (``free_list="lowest"``) and lowest-first in pages of 3 blocks
 (``page_size_blocks=3``): the same hand-out order in both engines.
@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from prefixcache import BudgetExceededError, KVBlockAllocator, PrefixCacheError
 from prefixcache.engine.defragment import DefragmentPlan
-from prefixcache.engine.native_engine import native_available
+from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
 from prefixcache.testing import changed_fields, state_digest
 
 pytestmark = pytest.mark.skipif(
@@ -381,7 +381,7 @@ def _machine(policy: str, events: bool, free_list: str) -> type[DifferentialMach
 
 @pytest.mark.parametrize("free_list", ["stack", "lowest", "paged"])
 @pytest.mark.parametrize("events", [True, False], ids=["events", "fused"])
-@pytest.mark.parametrize("policy", ["lru", "fifo", "ref_zero"])
+@pytest.mark.parametrize("policy", NATIVE_POLICIES)
 def test_native_engine_matches_the_python_engine(policy: str, events: bool, free_list: str) -> None:
     machine = _machine(policy, events, free_list)
     machine.TestCase.settings = PROFILE

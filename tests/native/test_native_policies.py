@@ -30,6 +30,12 @@ HASHES = list(range(1_000, 1_024))  # few, so ghost lists and history get hits
 OPTIONS: dict[str, list[dict[str, float]]] = {
     "fifo": [{}],
     "lru": [{}],
+    "s3fifo": [
+        {},
+        {"ghost_capacity": 2},
+        {"ghost_capacity": 0, "small_fraction": 0.5},
+        {"small_fraction": 0.9, "promote_after": 2},
+    ],
 }
 
 CASES = [

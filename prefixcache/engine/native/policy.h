@@ -51,6 +51,9 @@ class PolicyOptions {
   void set(std::string name, double value) { values_.emplace_back(std::move(name), value); }
   /// The option ``name`` or ``fallback``; marks it used.
   double get(const std::string& name, double fallback) const;
+  /// The option ``name`` as an integer >= ``minimum``, or ``fallback``; throws
+  /// std::invalid_argument ("NAME must be an int >= MINIMUM, got VALUE") otherwise.
+  int64_t get_int(const std::string& name, int64_t fallback, int64_t minimum) const;
   /// The names given but never read by the policy (an unknown option), comma-separated.
   std::string unused() const;
 

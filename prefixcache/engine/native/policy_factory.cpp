@@ -2,6 +2,8 @@
 //
 // One line a policy: its name and the function in native/policies/NAME.cpp that builds it.
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <stdexcept>
 
 #include "policy.h"
@@ -19,6 +21,7 @@ struct Entry {
 const Entry kPolicies[] = {
     {"fifo", make_fifo_policy},
     {"lru", make_lru_policy},
+    {"s3fifo", make_s3fifo_policy},
 };
 
 }  // namespace
@@ -31,6 +34,16 @@ double PolicyOptions::get(const std::string& name, double fallback) const {
     }
   }
   return fallback;
+}
+
+int64_t PolicyOptions::get_int(const std::string& name, int64_t fallback,
+                               int64_t minimum) const {
+  const double value = get(name, static_cast<double>(fallback));
+  if (!(value >= static_cast<double>(minimum)) || value != std::floor(value) || value > 9.0e18) {
+    throw std::invalid_argument(name + " must be an int >= " + std::to_string(minimum) +
+                                ", got " + std::to_string(value));
+  }
+  return static_cast<int64_t>(value);
 }
 
 std::string PolicyOptions::unused() const {
