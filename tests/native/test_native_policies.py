@@ -29,12 +29,19 @@ HASHES = list(range(1_000, 1_024))  # few, so ghost lists and history get hits
 # Options each policy runs with besides its defaults: small capacities reach the limits.
 OPTIONS: dict[str, list[dict[str, float]]] = {
     "fifo": [{}],
+    "lfu": [{}, {"frequency_weight": 0.3}, {"frequency_weight": 2.5}],
     "lru": [{}],
     "s3fifo": [
         {},
         {"ghost_capacity": 2},
         {"ghost_capacity": 0, "small_fraction": 0.5},
         {"small_fraction": 0.9, "promote_after": 2},
+    ],
+    "slru": [
+        {},
+        {"protected_fraction": 0.0},
+        {"protected_fraction": 1.0},
+        {"protected_fraction": 0.5},
     ],
 }
 

@@ -20,8 +20,10 @@ struct Entry {
 
 const Entry kPolicies[] = {
     {"fifo", make_fifo_policy},
+    {"lfu", make_lfu_policy},
     {"lru", make_lru_policy},
     {"s3fifo", make_s3fifo_policy},
+    {"slru", make_slru_policy},
 };
 
 }  // namespace

@@ -11,8 +11,10 @@
 namespace prefixcache {
 
 std::unique_ptr<Policy> make_fifo_policy(int32_t num_blocks, const PolicyOptions& options);
+std::unique_ptr<Policy> make_lfu_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_lru_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_s3fifo_policy(int32_t num_blocks, const PolicyOptions& options);
+std::unique_ptr<Policy> make_slru_policy(int32_t num_blocks, const PolicyOptions& options);
 
 }  // namespace prefixcache
 
