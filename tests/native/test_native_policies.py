@@ -28,6 +28,13 @@ HASHES = list(range(1_000, 1_024))  # few, so ghost lists and history get hits
 
 # Options each policy runs with besides its defaults: small capacities reach the limits.
 OPTIONS: dict[str, list[dict[str, float]]] = {
+    "arc": [
+        {},
+        {"ghost_capacity": 2},
+        {"ghost_capacity": 0},
+        {"initial_recency_share": 0.0},
+        {"initial_recency_share": 1.0, "ghost_capacity": 3},
+    ],
     "fifo": [{}],
     "lfu": [{}, {"frequency_weight": 0.3}, {"frequency_weight": 2.5}],
     "lru": [{}],

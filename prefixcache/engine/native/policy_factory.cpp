@@ -19,6 +19,7 @@ struct Entry {
 };
 
 const Entry kPolicies[] = {
+    {"arc", make_arc_policy},
     {"fifo", make_fifo_policy},
     {"lfu", make_lfu_policy},
     {"lru", make_lru_policy},
