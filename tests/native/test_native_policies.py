@@ -38,6 +38,13 @@ OPTIONS: dict[str, list[dict[str, float]]] = {
     "fifo": [{}],
     "lfu": [{}, {"frequency_weight": 0.3}, {"frequency_weight": 2.5}],
     "lru": [{}],
+    "protected_lru": [{}, {"history_capacity": 2}, {"history_capacity": 0}],
+    "reuse_lru": [
+        {},
+        {"history_capacity": 2, "age_smoothing": 1.0},
+        {"history_capacity": 0, "reuse_weight": 0.0},
+        {"reuse_weight": 2.5, "age_smoothing": 0.3},
+    ],
     "s3fifo": [
         {},
         {"ghost_capacity": 2},

@@ -1,0 +1,129 @@
+// reuse_lru (policies/reuse_lru.py): LRU with a bonus for reused prefixes, scale-free.
+//
+// Leaves are ordered by last access plus, for a prefix handed out more than once
+// (counting earlier stays of its hash, kept in a bounded history after eviction),
+// reuse_weight times the eviction age: a running mean of how long victims sat since their
+// last access. The double arithmetic is the Python class's, in its order.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "factories.h"
+#include "keyed_heap.h"
+#include "linked_map.h"
+
+namespace prefixcache {
+
+namespace {
+
+struct Stay {
+  bool live = false;
+  int64_t block_hash = 0;
+  int64_t num_accesses = 0;  // hand-outs last seen
+  int64_t earlier = 0;       // hand-outs of earlier stays of the hash
+};
+
+class ReuseLruPolicy final : public Policy {
+ public:
+  ReuseLruPolicy(int32_t num_blocks, double reuse_weight, int64_t history_capacity,
+                 double smoothing)
+      : reuse_weight_(reuse_weight),
+        history_capacity_(history_capacity),
+        smoothing_(smoothing),
+        order_(static_cast<size_t>(num_blocks)),
+        last_access_(static_cast<size_t>(num_blocks), 0),
+        stays_(static_cast<size_t>(num_blocks)),
+        history_(static_cast<size_t>(std::min<int64_t>(history_capacity, 1 << 16))) {}
+
+  void insert(int32_t block_id, const LeafInfo& leaf) override {
+    Stay& stay = stays_[block_id];
+    int64_t earlier;
+    if (!stay.live || stay.block_hash != leaf.block_hash ||
+        stay.num_accesses > leaf.num_accesses) {
+      const int64_t* handed = history_.get(leaf.block_hash);
+      earlier = handed ? *handed : 0;
+      history_.erase(leaf.block_hash);
+    } else {
+      earlier = stay.earlier;
+    }
+    stay = Stay{true, leaf.block_hash, leaf.num_accesses, earlier};
+    place(block_id, leaf.last_access, earlier + leaf.num_accesses);
+  }
+
+  void discard(int32_t block_id) override { order_.remove(block_id); }
+
+  void touch(int32_t block_id, int64_t now) override {
+    order_.remove(block_id);
+    Stay& stay = stays_[block_id];
+    ++stay.earlier;
+    place(block_id, now, stay.earlier + stay.num_accesses);
+  }
+
+  int32_t evict_one() override {
+    if (order_.empty()) return kNoBlock;
+    const int32_t block_id = order_.pop();
+    const double waited = static_cast<double>(now_ - last_access_[block_id]);
+    eviction_age_ += (waited - eviction_age_) * smoothing_;
+    Stay& stay = stays_[block_id];
+    stay.live = false;
+    if (history_capacity_ > 0) {
+      history_.put(stay.block_hash, stay.earlier + stay.num_accesses);  // keeps its place
+      if (static_cast<int64_t>(history_.size()) > history_capacity_) history_.pop_oldest();
+    }
+    return block_id;
+  }
+
+  void clear() override {
+    order_.clear();
+    std::fill(stays_.begin(), stays_.end(), Stay{});
+    history_.clear();
+    eviction_age_ = 0.0;
+    now_ = 0;
+  }
+
+  size_t size() const noexcept override { return order_.size(); }
+  bool contains(int32_t block_id) const noexcept override { return order_.contains(block_id); }
+  size_t memory_bytes() const noexcept override {
+    return order_.memory_bytes() + last_access_.capacity() * sizeof(int64_t) +
+           stays_.capacity() * sizeof(Stay) + history_.memory_bytes();
+  }
+
+ private:
+  void place(int32_t block_id, int64_t last_access, int64_t num_uses) {
+    now_ = std::max(now_, last_access);
+    const double bonus = num_uses > 1 ? reuse_weight_ * eviction_age_ : 0.0;
+    last_access_[block_id] = last_access;
+    order_.insert(block_id, static_cast<double>(last_access) + bonus);
+  }
+
+  const double reuse_weight_;
+  const int64_t history_capacity_;
+  const double smoothing_;
+  double eviction_age_ = 0.0;  // running mean of (now - last access) of victims
+  int64_t now_ = 0;            // the largest clock value seen
+  KeyedHeap<double> order_;    // by last access + bonus
+  std::vector<int64_t> last_access_;  // by block ID, while tracked
+  std::vector<Stay> stays_;           // by block ID: tracked, or out for a hit
+  LinkedMap<int64_t> history_;        // evicted hash -> hand-outs, least recent first
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_reuse_lru_policy(int32_t num_blocks, const PolicyOptions& options) {
+  const double reuse_weight = options.get("reuse_weight", 1.0);
+  if (!(reuse_weight >= 0)) {
+    throw std::invalid_argument("reuse_weight must be a number >= 0, got " +
+                                std::to_string(reuse_weight));
+  }
+  const int64_t history_capacity = options.get_int("history_capacity", 100'000, 0);
+  const double smoothing = options.get("age_smoothing", 0.01);
+  if (!(smoothing > 0 && smoothing <= 1)) {
+    throw std::invalid_argument("age_smoothing must lie in (0, 1], got " +
+                                std::to_string(smoothing));
+  }
+  return std::make_unique<ReuseLruPolicy>(num_blocks, reuse_weight, history_capacity, smoothing);
+}
+
+}  // namespace prefixcache
