@@ -38,6 +38,11 @@ OPTIONS: dict[str, list[dict[str, float]]] = {
     "fifo": [{}],
     "lfu": [{}, {"frequency_weight": 0.3}, {"frequency_weight": 2.5}],
     "lru": [{}],
+    "priority": [
+        {},
+        {"max_retained_fraction": 0.0},
+        {"max_retained_fraction": 1.0, "default_priority": 50},
+    ],
     "protected_lru": [{}, {"history_capacity": 2}, {"history_capacity": 0}],
     "reuse_lru": [
         {},

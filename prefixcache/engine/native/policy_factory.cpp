@@ -23,6 +23,7 @@ const Entry kPolicies[] = {
     {"fifo", make_fifo_policy},
     {"lfu", make_lfu_policy},
     {"lru", make_lru_policy},
+    {"priority", make_priority_policy},
     {"protected_lru", make_protected_lru_policy},
     {"reuse_lru", make_reuse_lru_policy},
     {"s3fifo", make_s3fifo_policy},

@@ -14,6 +14,7 @@ std::unique_ptr<Policy> make_arc_policy(int32_t num_blocks, const PolicyOptions&
 std::unique_ptr<Policy> make_fifo_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_lfu_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_lru_policy(int32_t num_blocks, const PolicyOptions& options);
+std::unique_ptr<Policy> make_priority_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_protected_lru_policy(int32_t num_blocks,
                                                   const PolicyOptions& options);
 std::unique_ptr<Policy> make_reuse_lru_policy(int32_t num_blocks, const PolicyOptions& options);
