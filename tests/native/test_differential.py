@@ -4,7 +4,7 @@ A hypothesis state machine drives a ``KVBlockAllocator(engine="python")``
 and a ``KVBlockAllocator(engine="native")`` with the same operations
 (allocate, release with duplicates and paused, free groups, match with and
 without acquire, acquire, register with conflicts and partial holders,
-pause/resume with budget errors, touch, evict, reset, advance_clock, the
+pause/resume with budget errors, touch, retention priorities, evict, reset, advance_clock, the
 request path, defragmentation by plan and by random moves) and compares
 every observable after each step: the IDs returned, the exception types,
 the free stack in order, reference counts, registry lookups and chains, KV
@@ -280,6 +280,15 @@ class DifferentialMachine(RuleBasedStateMachine):
     @rule(ids=ids_st)
     def touch(self, ids: list[int]) -> None:
         self.both(lambda a: a.update_timestamps(ids))
+
+    @rule(
+        hashes=hashes_st,
+        priority=st.integers(0, 70),
+        duration=st.one_of(st.none(), st.integers(0, 6)),
+    )
+    def retain(self, hashes: list[int], priority: int, duration: int | None) -> None:
+        """Retention priorities (a ConfigError alike where the policy has none)."""
+        self.both(lambda a: a.set_retention_priority(hashes, priority, duration=duration))
 
     @rule(count=st.integers(0, TOTAL_COUNT))
     def evict(self, count: int) -> None:
