@@ -13,6 +13,9 @@ same victims until empty.
 from __future__ import annotations
 
 import os
+import random
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -36,6 +39,12 @@ OPTIONS: dict[str, list[dict[str, float]]] = {
         {"initial_recency_share": 1.0, "ghost_capacity": 3},
     ],
     "fifo": [{}],
+    "hazard": [
+        {},
+        {"history_capacity": 2, "half_life": 1},
+        {"history_capacity": 0, "age_smoothing": 1.0, "window": 0.5},
+        {"half_life": 3, "prior_weight": 0.5},
+    ],
     "lfu": [{}, {"frequency_weight": 0.3}, {"frequency_weight": 2.5}],
     "lru": [{}],
     "priority": [
@@ -86,14 +95,26 @@ def test_every_native_policy_has_a_case() -> None:
 
 
 class Program:
-    """One run: the two policies, the model of what is tracked, the clock."""
+    """One run: the two policies, the model of what is tracked, the clock.
 
-    def __init__(self, name: str, options: dict[str, float]) -> None:
+    Choices come from ``pick`` and ``number``: hypothesis draws (short programs that
+    shrink) or a seeded generator (long programs that fill ghost lists and histories and
+    reach the periodic refreshes of learned statistics).
+    """
+
+    def __init__(self, name: str, options: dict[str, float], draw: Any) -> None:
         self.native = native_policy(name, options)
         self.python = policies.get(name, **options)
         self.tracked: dict[int, int] = {}  # block -> its hash
         self.clock = 0
         self.retention = policies.has_hook(self.python, "set_retention")
+        self.draw = draw  # draw(kind, a, b): "pick" from a sequence or "number" in [a, b]
+
+    def pick(self, choices: Sequence[Any]) -> Any:
+        return self.draw("pick", choices, None)
+
+    def number(self, low: int, high: int) -> int:
+        return int(self.draw("number", low, high))
 
     def both(self, method: str, *args: object) -> object:
         expected = getattr(self.python, method)(*args)
@@ -101,16 +122,14 @@ class Program:
         assert got == expected, f"{method}{args}: native {got!r}, python {expected!r}"
         return expected
 
-    def leaf(self, data: st.DataObject, block_id: int) -> tuple[int, int, int, int, int]:
+    def leaf(self, block_id: int) -> tuple[int, int, int, int, int]:
         used = set(self.tracked.values())
-        block_hash = data.draw(st.sampled_from([h for h in HASHES if h not in used]))
-        last_access = data.draw(st.integers(max(0, self.clock - 6), self.clock))
-        num_accesses = data.draw(st.integers(1, 4))
-        depth = data.draw(st.integers(0, 5))
-        return block_id, block_hash, last_access, num_accesses, depth
+        block_hash = self.pick([h for h in HASHES if h not in used])
+        last_access = self.number(max(0, self.clock - 6), self.clock)
+        return block_id, block_hash, last_access, self.number(1, 4), self.number(0, 5)
 
-    def step(self, data: st.DataObject) -> None:
-        self.clock += data.draw(st.integers(0, 2))
+    def step(self) -> None:
+        self.clock += self.number(0, 2)
         free = [b for b in range(NUM_BLOCKS) if b not in self.tracked]
         held = sorted(self.tracked)
         kinds = ["register"]
@@ -122,40 +141,39 @@ class Program:
             kinds.append("relocate")
         if self.retention:
             kinds.append("retain")
-        kind = data.draw(st.sampled_from(kinds))
+        kind = self.pick(kinds)
         if kind == "insert":
-            args = self.leaf(data, data.draw(st.sampled_from(free)))
+            args = self.leaf(self.pick(free))
             self.both("insert", *args)
             self.tracked[args[0]] = args[1]
         elif kind == "expose":  # what the engine does with a parent a victim exposed
-            args = self.leaf(data, data.draw(st.sampled_from(free)))
+            args = self.leaf(self.pick(free))
             if not self.both("evicts_first", *args):
                 self.both("insert", *args)
                 self.tracked[args[0]] = args[1]
         elif kind == "discard":
-            block_id = data.draw(st.sampled_from(held))
+            block_id = self.pick(held)
             self.both("discard", block_id)
             del self.tracked[block_id]
         elif kind == "touch":
             self.clock += 1
-            self.both("touch", data.draw(st.sampled_from(held)), self.clock)
+            self.both("touch", self.pick(held), self.clock)
         elif kind == "evict":
             for block_id in self.both("evict", 1):
                 del self.tracked[block_id]
         elif kind == "relocate":
-            old = data.draw(st.sampled_from(held))
-            _, block_hash, last_access, num_accesses, depth = self.leaf(data, old)
-            block_hash = self.tracked[old]
-            new = data.draw(st.sampled_from(free))
-            self.both("relocate", old, new, block_hash, last_access, num_accesses, depth)
+            old = self.pick(held)
+            _, _, last_access, num_accesses, depth = self.leaf(old)
+            new = self.pick(free)
+            self.both("relocate", old, new, self.tracked[old], last_access, num_accesses, depth)
             self.tracked[new] = self.tracked.pop(old)
         elif kind == "register":
-            run = data.draw(st.lists(st.sampled_from(HASHES), min_size=1, max_size=4))
-            self.both("on_register", run, data.draw(st.integers(0, 5)))
+            run = [self.pick(HASHES) for _ in range(self.number(1, 4))]
+            self.both("on_register", run, self.number(0, 5))
         else:
-            expires = data.draw(st.none() | st.integers(self.clock, self.clock + 20))
-            priority = data.draw(st.integers(0, 100))
-            self.both("set_retention", data.draw(st.sampled_from(HASHES)), priority, expires)
+            expires = None if self.number(0, 1) else self.number(self.clock, self.clock + 20)
+            priority = self.number(0, 100)
+            self.both("set_retention", self.pick(HASHES), priority, expires)
         assert len(self.native) == len(self.python) == len(self.tracked)
         for block_id in range(NUM_BLOCKS):
             assert (block_id in self.native) == (block_id in self.python), block_id
@@ -165,6 +183,22 @@ class Program:
             for block_id in self.both("evict", 1):
                 del self.tracked[block_id]
         assert self.both("evict", 1) == []
+
+
+def hypothesis_draw(data: st.DataObject) -> Any:
+    def draw(kind: str, a: Any, b: Any) -> Any:
+        return data.draw(st.sampled_from(a) if kind == "pick" else st.integers(a, b))
+
+    return draw
+
+
+def seeded_draw(seed: int) -> Any:
+    rng = random.Random(seed)
+
+    def draw(kind: str, a: Any, b: Any) -> Any:
+        return rng.choice(a) if kind == "pick" else rng.randint(a, b)
+
+    return draw
 
 
 @pytest.mark.parametrize(("name", "options"), CASES)
@@ -177,9 +211,19 @@ class Program:
 def test_native_policy_answers_as_its_python_class(
     name: str, options: dict[str, float], data: st.DataObject, steps: int
 ) -> None:
-    program = Program(name, options)
+    program = Program(name, options, hypothesis_draw(data))
     for _ in range(steps):
-        program.step(data)
+        program.step()
+    program.drain()
+
+
+@pytest.mark.parametrize(("name", "options"), CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_long_programs_agree(name: str, options: dict[str, float], seed: int) -> None:
+    """3,000 calls: ghost lists and histories wrap, learned tables refresh (every 256 events)."""
+    program = Program(name, options, seeded_draw(seed))
+    for _ in range(3_000):
+        program.step()
     program.drain()
 
 

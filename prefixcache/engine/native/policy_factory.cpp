@@ -21,6 +21,7 @@ struct Entry {
 const Entry kPolicies[] = {
     {"arc", make_arc_policy},
     {"fifo", make_fifo_policy},
+    {"hazard", make_hazard_policy},
     {"lfu", make_lfu_policy},
     {"lru", make_lru_policy},
     {"priority", make_priority_policy},

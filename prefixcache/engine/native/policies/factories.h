@@ -12,6 +12,7 @@ namespace prefixcache {
 
 std::unique_ptr<Policy> make_arc_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_fifo_policy(int32_t num_blocks, const PolicyOptions& options);
+std::unique_ptr<Policy> make_hazard_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_lfu_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_lru_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_priority_policy(int32_t num_blocks, const PolicyOptions& options);
