@@ -85,6 +85,7 @@ class PrefixCacheAdapter:
     """
 
     name = "prefixcache"
+    policy = "lru"  # W2/W3's eviction policy; PrefixCacheAdapter_<policy> sets another
     engine: str | None = None  # None: PREFIXCACHE_ENGINE, else native when it is built
     api: ClassVar[dict[str, str]] = {
         "churn": "KVBlockAllocator(enable_prefix_caching=False, device='cpu'): "
@@ -140,8 +141,10 @@ class PrefixCacheAdapter:
     # ------------------------------------------------------------------ W2/W3
 
     def prefix_init(self, pool_blocks: int, block_size: int) -> None:
-        """Build a fresh allocator with the defaults: prefix caching on, LRU, xxh3_64."""
-        allocator = self._build(total_count=pool_blocks, block_size_tokens=block_size)
+        """Build a fresh allocator: prefix caching on, xxh3_64, the class's ``policy``."""
+        allocator = self._build(
+            total_count=pool_blocks, block_size_tokens=block_size, eviction_policy=self.policy
+        )
         self._block_size = block_size
         self._admit = allocator.admit_request
         self._release = allocator.release_request
@@ -258,8 +261,22 @@ def _megatron_dropin_adapter() -> type:
     return MegatronDropInAdapter
 
 
+_POLICY_ADAPTER = "PrefixCacheAdapter_"
+
+
 def __getattr__(name: str) -> Any:
-    """``MegatronDropInAdapter`` on first access (it needs the harness and megatron-core)."""
+    """Adapters made on first access.
+
+    ``MegatronDropInAdapter`` (it needs the harness and megatron-core), and
+    ``PrefixCacheAdapter_<policy>`` for any policy name (W2/W3 with that eviction
+    policy, e.g. ``--adapter benchmarks/peer_adapter.py:PrefixCacheAdapter_s3fifo``), so
+    one harness run times every policy side by side.
+    """
     if name == "MegatronDropInAdapter":
         return _megatron_dropin_adapter()
+    if name.startswith(_POLICY_ADAPTER) and len(name) > len(_POLICY_ADAPTER):
+        policy = name[len(_POLICY_ADAPTER) :]
+        return type(
+            name, (PrefixCacheAdapter,), {"name": f"prefixcache-{policy}", "policy": policy}
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
