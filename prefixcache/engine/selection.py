@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Mapping
 
@@ -90,10 +91,8 @@ def native_policy(
     if isinstance(spec, Mapping):
         options = {key: value for key, value in spec.items() if key != "name"}
         spec = spec.get("name")
-        if not all(
-            isinstance(value, (int, float)) and not isinstance(value, bool)
-            for value in options.values()
-        ):
+        # The policy object was built from them, so its class has checked their ranges.
+        if not all(isinstance(value, numbers.Real) for value in options.values()):
             return None
     if not isinstance(spec, str) or spec not in NATIVE_POLICIES:
         return None

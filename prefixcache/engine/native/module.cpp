@@ -259,11 +259,12 @@ PyObject* native_buffer_source(PyObject* obj, const char* what) {
   PyObject* array = PyObject_CallNoArgs(method);
   Py_DECREF(method);
   if (!array || !PyObject_CheckBuffer(array)) {
-    Py_XDECREF(array);
+    Py_XDECREF(array);  // the only reference: nothing of it is returned
     PyErr_Clear();
     raise(ErrorKind::kInvalidTensor, std::string(what) +
                                          " must be a CPU tensor or array (host memory; a device "
                                          "tensor is never read back)");
+    return nullptr;
   }
   return array;
 }

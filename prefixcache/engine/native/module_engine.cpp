@@ -435,10 +435,9 @@ FASTCALL(engine_admit_request) {
       !native_bind_args("admit_request", args, nargs, kwnames, names, 2, 2, bound)) {
     return nullptr;
   }
-  Tokens parsed;
-  if (!parse_tokens(self, bound[0], &parsed)) return nullptr;
-  const int32_t* tokens = parsed.data;
-  const size_t num_tokens = parsed.count;
+  // out_row first: its conversion may run Python code (a tensor's numpy()) that calls
+  // back into this engine, which reuses the scratch buffer parse_tokens fills. Nothing of
+  // the engine is held across a conversion; the exported row buffer stays valid.
   PyObject* source = native_buffer_source(bound[1], "out_row");
   if (!source) {
     if (!PyErr_Occurred()) {
@@ -452,6 +451,13 @@ FASTCALL(engine_admit_request) {
   const bool got = native_int_buffer(source, &row, true, "out_row", &is_signed);
   Py_DECREF(source);
   if (!got) return nullptr;
+  Tokens parsed;
+  if (!parse_tokens(self, bound[0], &parsed)) {
+    PyBuffer_Release(&row);
+    return nullptr;
+  }
+  const int32_t* tokens = parsed.data;
+  const size_t num_tokens = parsed.count;
   const size_t block_size = static_cast<size_t>(self->block_size);
   const size_t num_full = num_tokens / block_size;
   const size_t num_blocks = (num_tokens + block_size - 1) / block_size;

@@ -1,0 +1,105 @@
+"""The C boundary keeps its references straight and holds nothing across Python code.
+
+Issue 28, items 1 and 2: a conversion method (a tensor-like ``numpy()``) that returns
+something other than a buffer was released twice (an interpreter abort after enough
+calls: "deallocating None"), and a conversion that calls back into the same allocator
+during ``admit_request`` resized the scratch buffer the outer call still read. Each test
+fails on the code before the fix (the first aborts the process; the re-entrant one reads
+freed memory, which ASan reports in ``.ci/sanitize``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from prefixcache import InvalidTensorError, KVBlockAllocator
+from prefixcache.engine.native_engine import native_available
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="the native engine is not built")
+
+
+class Converts:
+    """A tensor-like object whose ``numpy()`` returns ``result`` (or calls it)."""
+
+    def __init__(self, result: object) -> None:
+        self.result = result
+
+    def numpy(self) -> object:
+        return self.result() if callable(self.result) else self.result
+
+
+def native(**config: object) -> KVBlockAllocator:
+    allocator = KVBlockAllocator(
+        total_count=64, block_size_tokens=4, device="cpu", engine="native", **config
+    )
+    assert allocator.engine == "native"
+    return allocator
+
+
+@pytest.mark.parametrize(
+    "returned", [None, 10**30, "no buffer here", object(), [1, 2]], ids=lambda v: type(v).__name__
+)
+def test_a_conversion_returning_no_buffer_is_refused_and_released_once(returned: object) -> None:
+    allocator = native()
+    row = np.zeros(8, dtype=np.int32)
+    bad = Converts(returned)
+    before = sys.getrefcount(returned)
+    for _ in range(3_000):  # the double release aborted within a few thousand calls
+        with pytest.raises(InvalidTensorError):
+            allocator.admit_request(bad, row)
+        with pytest.raises(InvalidTensorError):
+            allocator.admit_request(list(range(8)), bad)
+        with pytest.raises(InvalidTensorError):
+            allocator.release_request(bad)
+    if returned is not None:  # None's count moves with everything else the process does
+        assert sys.getrefcount(returned) == before
+    allocator.check_invariants()
+    assert allocator.get_total_used() == 0
+
+
+def test_native_entry_points_leave_argument_refcounts_as_they_were() -> None:
+    allocator = native()
+    tokens = list(range(10))
+    array_tokens = np.arange(10, dtype=np.int64)
+    row = np.zeros(8, dtype=np.int32)
+    watched = [tokens, array_tokens, row]
+    before = [sys.getrefcount(item) for item in watched]
+    for _ in range(200):
+        num_hit = allocator.admit_request(tokens, row)
+        allocator.release_request(row[:3])
+        allocator.admit_request(array_tokens, row)
+        allocator.release_request(row[:3])
+        ids = allocator.allocate_block_ids(2)
+        allocator.release_request(ids)
+        assert num_hit in (0, 2)
+    assert [sys.getrefcount(item) for item in watched] == before
+
+
+def test_a_conversion_that_reenters_the_allocator_does_not_corrupt_the_outer_call() -> None:
+    allocator = native()
+    reference = native()
+    inner_tokens = list(range(100, 100 + 4 * 12))  # longer than the outer prompt: a resize
+    inner_row = np.zeros(16, dtype=np.int32)
+    outer_row = np.zeros(8, dtype=np.int32)
+
+    def reenter() -> np.ndarray:
+        allocator.admit_request(inner_tokens, inner_row)
+        return outer_row
+
+    outer_tokens = list(range(9))
+    num_hit = allocator.admit_request(outer_tokens, Converts(reenter))
+    assert num_hit == 0
+    # The outer request was admitted from its own tokens: the same hashes as on a clean
+    # allocator, and its three blocks are registered under them.
+    expected_row = np.zeros(8, dtype=np.int32)
+    reference.admit_request(outer_tokens, expected_row)
+    assert allocator.hash_tokens(outer_tokens) == reference.hash_tokens(outer_tokens)
+    for block_hash, block_id in zip(
+        allocator.hash_tokens(outer_tokens), outer_row[:2].tolist(), strict=True
+    ):
+        assert allocator.match_prefix([block_hash]).tolist() == [block_id]
+    allocator.check_invariants()
+    assert allocator.get_active_used() == 12 + 3
