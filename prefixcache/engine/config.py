@@ -179,9 +179,9 @@ class AllocatorConfig:
             raise ConfigError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
             )
-        if self.engine not in ENGINE_NAMES:
+        if not isinstance(self.engine, str) or self.engine not in ENGINE_NAMES:
             raise ConfigError(f"engine must be one of {ENGINE_NAMES}, got {self.engine!r}")
-        if self.free_list not in FREE_LIST_MODES:
+        if not isinstance(self.free_list, str) or self.free_list not in FREE_LIST_MODES:
             raise ConfigError(f"free_list must be one of {FREE_LIST_MODES}, got {self.free_list!r}")
         _require_int("page_size_blocks", self.page_size_blocks, 1)
         if self.page_size_blocks > 1 and self.free_list != "lowest":
@@ -189,6 +189,8 @@ class AllocatorConfig:
                 "page_size_blocks > 1 (page-aligned allocation) needs free_list='lowest'"
             )
         self._resolve_cache_mode()
+        if isinstance(self.eviction_policy, (str, Mapping)):
+            build_policy(self.eviction_policy)  # a name or options it refuses: refused here
         if (self.routing_num_layers is None) != (self.routing_top_k is None):
             raise ConfigError("routing_num_layers and routing_top_k must be set together")
         for name in ("routing_num_layers", "routing_top_k", "routing_num_experts"):
@@ -228,6 +230,10 @@ class AllocatorConfig:
         return cls(**values)
 
 
+OFFLINE_POLICY = "belady"
+"""The offline optimum: built by name only with its ``next_use`` (trace replay)."""
+
+
 def build_policy(spec: PolicySpec) -> EvictionPolicy:
     """Turn a policy spec into a fresh policy object (an object spec is used as is).
 
@@ -237,7 +243,9 @@ def build_policy(spec: PolicySpec) -> EvictionPolicy:
 
     Raises:
         ConfigError: unknown name (the message lists the known ones), bad
-            keyword arguments, or an object that is not an EvictionPolicy.
+            keyword arguments or values out of the policy's range, ``belady``
+            without ``next_use`` (offline only), or an object that is not an
+            EvictionPolicy.
     """
     if isinstance(spec, str):
         name, kwargs = spec, {}
@@ -251,11 +259,17 @@ def build_policy(spec: PolicySpec) -> EvictionPolicy:
         return spec
     else:
         raise ConfigError(f"eviction_policy must be a name, a mapping or a policy, got {spec!r}")
+    if name == OFFLINE_POLICY and "next_use" not in kwargs:
+        raise ConfigError(
+            f"eviction policy {OFFLINE_POLICY!r} is the offline optimum: it needs each block's "
+            "next use, which only a trace replay knows (prefixcache compare, "
+            "prefixcache.tools.replay); configure an online policy such as 'lru' or 's3fifo'"
+        )
     try:
         policy = policies.get(name, **kwargs)
     except UnknownPolicyError as exc:
         raise ConfigError(str(exc)) from exc
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # a keyword the class lacks, or out of its range
         raise ConfigError(f"bad arguments for eviction policy {name!r}: {exc}") from exc
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"eviction policy {name!r} could not be loaded: {exc}") from exc

@@ -10,13 +10,23 @@ from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` means ``"cuda"`` when available, else ``"cpu"``."""
+    """``None`` means ``"cuda"`` when available, else ``"cpu"``.
+
+    Raises:
+        ConfigError: not a device, or a CUDA device where torch has no CUDA.
+    """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ConfigError(f"invalid device {device!r}: {exc}") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device {device!r} asks for CUDA, which this torch build or machine does not have "
+            "(torch.cuda.is_available() is False); use device='cpu' or None"
+        )
+    return resolved
 
 
 class BlockPool:

@@ -221,7 +221,7 @@ def _policy_factory(
         sample = make()
     except UnknownPolicyError as exc:
         raise ConfigError(str(exc)) from exc
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # an unknown keyword, or a value out of range
         raise ConfigError(f"policy {name!r} refused options {sorted(options)}: {exc}") from exc
     if not isinstance(sample, EvictionPolicy):
         raise ConfigError(f"policy {name!r} built {sample!r}, which is no EvictionPolicy")
