@@ -12,7 +12,7 @@ from prefixcache.engine.invariants import find_invariant_problems
 from prefixcache.engine.journal import PolicyJournal
 from prefixcache.engine.partitions import PartitionLedger
 from prefixcache.engine.pool import BlockPool
-from prefixcache.engine.references import ReferenceTable, count_occurrences
+from prefixcache.engine.references import ReferenceTable, check_headroom, count_occurrences
 from prefixcache.engine.registration import Registrar
 from prefixcache.engine.registry import ROOT, HashRegistry
 from prefixcache.engine.types import NO_HASH
@@ -332,6 +332,7 @@ class PythonEngine:
         refs, ledger = self.refs, self.ledger
         delta = 1 if counts is None else counts
         active = refs.active[unique]
+        check_headroom(unique, active, delta, "active")
         inactive = active == 0
         num_activated = np.count_nonzero(inactive)
         if num_activated:
@@ -399,6 +400,9 @@ class PythonEngine:
         held = active - refs.pending[unique] if to_paused else paused
         refs.check_can_drop(
             unique, counts, held, "active" if to_paused else "paused", self.describe_state
+        )
+        check_headroom(
+            unique, paused if to_paused else active, delta, "paused" if to_paused else "active"
         )
         ledger = self.ledger
         after_active, after_paused, total_active, total_paused, total_holding = ledger.plan_move(

@@ -50,7 +50,7 @@ class ReferenceTable:
         self.active = np.zeros(size, dtype=np.int32)
         self.paused = np.zeros(size, dtype=np.int32)
         self.last_access = np.zeros(size, dtype=np.int64)
-        self.num_accesses = np.zeros(size, dtype=np.int32)
+        self.num_accesses = np.zeros(size, dtype=np.int64)  # a hot prefix passes 2**31
         self.pending = np.zeros(size, dtype=np.int32)
         self._pending_chunks: list[np.ndarray] = []
         self.group_depth = 0
@@ -110,3 +110,26 @@ class ReferenceTable:
         for array in (self.active, self.paused, self.last_access, self.num_accesses, self.pending):
             array[:] = 0
         self._pending_chunks.clear()
+
+
+MAX_REFERENCES = 2**31 - 1
+"""Most references one block may hold in a partition (counts are int32 in both engines)."""
+
+
+def check_headroom(
+    unique: np.ndarray, held: np.ndarray, delta: int | np.ndarray, partition: str
+) -> None:
+    """Refuse references that would push a count past :data:`MAX_REFERENCES` (never wrap).
+
+    Raises:
+        ReferenceCountError: the first such block, before anything changes.
+    """
+    after = held.astype(np.int64) + delta
+    over = after > MAX_REFERENCES
+    if over.any():
+        at = int(np.argmax(over))
+        asked = int(delta if np.isscalar(delta) else np.asarray(delta)[at])
+        raise ReferenceCountError(
+            f"block {int(unique[at])} holds {int(held[at])} {partition} reference(s); "
+            f"{asked} more would pass the limit of 2**31 - 1"
+        )

@@ -6,7 +6,7 @@ import pytest
 from prefixcache.policies import LRUPolicy
 
 from prefixcache import KVBlockAllocator
-from prefixcache.engine.native_engine import native_available
+from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
 from prefixcache.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(
@@ -14,18 +14,38 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("policy", ["lru", "fifo", "ref_zero", {"name": "lru"}])
-def test_native_runs_the_built_in_policies_by_name(policy: object) -> None:
+@pytest.mark.parametrize(
+    "policy",
+    [
+        *NATIVE_POLICIES,
+        {"name": "lru"},
+        {"name": "s3fifo", "ghost_capacity": 7, "small_fraction": 0.2},
+        {"name": "hazard", "window": 2.5},
+    ],
+    ids=str,
+)
+def test_native_runs_the_built_in_policies_by_name(
+    policy: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
     allocator = KVBlockAllocator(
         total_count=8, device="cpu", eviction_policy=policy, engine="native"
     )
     assert allocator.engine == "native"
+    monkeypatch.delenv("PREFIXCACHE_ENGINE", raising=False)  # the suite's default is python
+    assert KVBlockAllocator(total_count=8, device="cpu", eviction_policy=policy).engine == "native"
+
+
+def test_every_built_in_but_auto_and_belady_is_native() -> None:
+    from prefixcache import policies
+
+    offline_or_not_yet = {"auto", "belady"}
+    assert set(NATIVE_POLICIES) == set(policies.available()) - offline_or_not_yet
 
 
 @pytest.mark.parametrize(
     ("config", "reason"),
     [
-        ({"eviction_policy": "lfu"}, "runs the policies"),
+        ({"eviction_policy": "auto"}, "runs the policies"),
         ({"eviction_policy": {"name": "lru", "unused": 1}}, ""),
         ({"hash_algo": "sha256"}, "64-bit hashes"),
     ],
@@ -47,7 +67,7 @@ def test_environment_variable_overrides_auto(monkeypatch: pytest.MonkeyPatch) ->
     assert KVBlockAllocator(total_count=8, device="cpu").engine == "native"
     assert KVBlockAllocator(total_count=8, device="cpu", engine="python").engine == "python"
     with pytest.raises(ConfigError):
-        KVBlockAllocator(total_count=8, device="cpu", eviction_policy="lfu")
+        KVBlockAllocator(total_count=8, device="cpu", eviction_policy="auto")
     monkeypatch.setenv("PREFIXCACHE_ENGINE", "python")
     assert KVBlockAllocator(total_count=8, device="cpu").engine == "python"
     assert KVBlockAllocator(total_count=8, device="cpu", engine="native").engine == "native"

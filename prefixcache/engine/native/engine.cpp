@@ -6,6 +6,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -305,7 +306,22 @@ void Engine::acquire(const int32_t* ids, size_t count) {
                                        "acquired (allocate fresh blocks instead)");
     }
   }
+  check_headroom(active_, "active");
   take_references();
+}
+
+void Engine::check_headroom(const std::vector<int32_t>& refs, const char* partition) const {
+  // Counts are int32 in both engines: refuse a reference past 2**31 - 1, never wrap.
+  for (size_t j = 0; j < unique_.size(); ++j) {
+    const int64_t asked = counts_.empty() ? 1 : counts_[j];
+    const int32_t block_id = unique_[j];
+    if (refs[block_id] + asked > INT32_MAX) {
+      fail(ErrorKind::kReferenceCount,
+           "block " + std::to_string(block_id) + " holds " + std::to_string(refs[block_id]) +
+               " " + partition + " reference(s); " + std::to_string(asked) +
+               " more would pass the limit of 2**31 - 1");
+    }
+  }
 }
 
 void Engine::take_hit(const int32_t* ids, size_t count, int64_t num_queried, bool acquire_hits) {
@@ -357,6 +373,13 @@ void Engine::move(const int32_t* ids, size_t count, bool to_paused) {
            "block " + std::to_string(block_id) + " (" + describe_state(block_id) + ") holds " +
                std::to_string(held) + (to_paused ? " active" : " paused") +
                " reference(s); asked to move " + std::to_string(delta));
+    }
+    if ((to_paused ? paused : active) + static_cast<int64_t>(delta) > INT32_MAX) {
+      fail(ErrorKind::kReferenceCount,
+           "block " + std::to_string(block_id) + " holds " +
+               std::to_string(to_paused ? paused : active) +
+               (to_paused ? " paused" : " active") + " reference(s); " + std::to_string(delta) +
+               " more would pass the limit of 2**31 - 1");
     }
     const int32_t after_active = to_paused ? active - delta : active + delta;
     const int32_t after_paused = to_paused ? paused + delta : paused - delta;

@@ -160,6 +160,7 @@ class Engine {
   void on_unreferenced(const std::vector<int32_t>& block_ids);
   void drop_blocks(const std::vector<int32_t>& hashed, const std::vector<int32_t>& unhashed);
   void take_references();
+  void check_headroom(const std::vector<int32_t>& refs, const char* partition) const;
   void queue_release();
   void flush_releases();
   void plan_eviction(int64_t num_blocks, std::vector<int32_t>& freed);
@@ -222,7 +223,7 @@ class Engine {
   int64_t num_registrations_ = 0;
   // Of registered blocks: clock of registration or last hit/touch; hand-outs since.
   std::vector<int64_t> last_access_;
-  std::vector<int32_t> num_accesses_;
+  std::vector<int64_t> num_accesses_;  // hand-outs: a hot prefix passes 2**31 in days
 
   int64_t num_active_ = 0, num_paused_ = 0, num_cached_ = 0;
   int64_t num_holding_paused_ = 0;  // blocks holding any paused reference (paused budget)

@@ -208,6 +208,7 @@ int64_t Engine::admit(const int64_t* hashes, size_t num_full, size_t num_matchab
                                    std::to_string(num_free_ + num_cached_ - cached_hits) +
                                    " can be freed");
   }
+  if (num_hit) check_headroom(active_, "active");
   counters_.num_queried += static_cast<int64_t>(num_matchable);
   counters_.num_hits += static_cast<int64_t>(num_hit);
   if (num_hit) take_references();  // unique_ and counts_ are the hits'
@@ -409,9 +410,9 @@ void Engine::free_ids(std::vector<int32_t>& out) const {
 
 size_t Engine::memory_bytes() const noexcept {
   const size_t per_block =
-      sizeof(int32_t) * 12 + sizeof(int64_t) * 3 + sizeof(uint32_t);  // flat arrays below
-  // stack, active, paused, pending, parent, 3 links, children, depth, accesses, slot (int32);
-  // hash_of, registration, last_access (int64); stamp (uint32)
+      sizeof(int32_t) * 11 + sizeof(int64_t) * 4 + sizeof(uint32_t);  // flat arrays below
+  // stack, active, paused, pending, parent, 3 links, children, depth, slot (int32);
+  // hash_of, registration, last_access, accesses (int64); stamp (uint32)
   return per_block * static_cast<size_t>(total_count_) + index_.memory_bytes() +
          (policy_ ? policy_->memory_bytes() : 0) + lowest_.memory_bytes();
 }
