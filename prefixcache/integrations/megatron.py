@@ -55,6 +55,7 @@ from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.config import AllocatorConfig, PolicySpec
 from prefixcache.engine.events import KVCacheEvent, KVEventLog
 from prefixcache.engine.stats import AllocatorStats
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 
 SUPPORTED_VERSIONS = ("0.19.",)
@@ -113,6 +114,12 @@ class _LiveRefCounts(torch.Tensor):
     # Results of operations are plain tensors, so only this tensor intercepts writes.
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
     _owner: MegatronKVBlockAllocator
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        # A copy: ``t[i] += k`` reads t[i], adds in place, then assigns. A view would take
+        # the addition into the mirror before __setitem__ saw it (no delta, the allocator
+        # never told); with a copy the assignment carries the change.
+        return torch.Tensor.__getitem__(self, index).clone()
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self._owner._write_ref_counts(index, value)
@@ -197,6 +204,13 @@ class MegatronKVBlockAllocator:
                 f"unknown options {unknown}; valid: {['cached_policy', *_OPTION_KEYS]}"
             )
         spec, caches = _policy_of(prefix_caching_eviction_policy, cached_policy)
+        total_count = require_int(total_count, "total_count", minimum=2)
+        paused_count = require_int(paused_count, "paused_count", minimum=0)
+        if total_count - paused_count - 1 < 1:  # Megatron asserts active_count >= 1
+            raise ConfigError(
+                f"total_count {total_count} with paused_count {paused_count} leaves "
+                f"active_count {total_count - paused_count - 1}; Megatron needs at least 1"
+            )
         self.context = context
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_caching_eviction_policy = prefix_caching_eviction_policy

@@ -493,3 +493,25 @@ def test_without_prefix_caching_every_call_still_answers() -> None:
     assert allocator.get_block_routing(0)[:2].sum() == 4
     allocator.reset()
     assert allocator.total_avail == 8 and allocator.block_routing == {}
+
+
+@pytest.mark.parametrize("index", [3, slice(3, 5), np.int64(3)], ids=["int", "slice", "np-int"])
+def test_in_place_writes_by_int_or_slice_reach_the_allocator(index: Any) -> None:
+    """Issue 28, item 9: ``t[i] += k`` with a basic index used to write a view of the mirror
+    before ``__setitem__`` saw it, so the mirror and the allocator disagreed silently."""
+    _, allocator = build()
+    allocator.allocate_memory_blocks(8)  # every usable block held once
+    block_ids = torch.arange(9)[index].reshape(-1).tolist()  # the mirror is indexed by ID
+    allocator.block_ref_counts[index] += 1  # an extra reference each
+    counts = allocator.allocator.reference_counts(block_ids)[0].tolist()
+    assert counts == [2] * len(block_ids)
+    assert allocator.block_ref_counts[torch.tensor(block_ids)].tolist() == counts
+    allocator.block_ref_counts[index] -= 1
+    assert allocator.allocator.reference_counts(block_ids)[0].tolist() == [1] * len(block_ids)
+    allocator.check_consistency()
+
+
+@pytest.mark.parametrize(("total", "paused"), [(10, 9), (10, 12), (2, 1)])
+def test_no_active_block_left_is_refused_as_megatron_asserts(total: int, paused: int) -> None:
+    with pytest.raises(ConfigError, match="active_count"):
+        MegatronKVBlockAllocator(FakeContext(), total_count=total, paused_count=paused)
