@@ -157,12 +157,11 @@ class PolicyFreeBlockQueue:
     def append_n(self, blocks: Sequence[Any]) -> None:
         """:meth:`append` each of ``blocks``, in order (inlined: vLLM frees a whole
         request's blocks here). Complexity: O(k log n)."""
+        self._check_not_free(blocks)
         where, children, stamps = self._where, self._children, self._stamp
         inner, known = self._inner, self._blocks
         for block in blocks:
             block_id = block.block_id
-            if block_id in where:
-                raise RuntimeError(f"block {block_id} is already free")
             known[block_id] = block
             self._clock += 1
             stamps[block_id] = self._clock
@@ -175,14 +174,27 @@ class PolicyFreeBlockQueue:
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         """Free ``blocks`` to be handed out first, in their order. Complexity: O(k)."""
+        self._check_not_free(blocks)
         for block in reversed(blocks):
-            if block.block_id in self._where:
-                raise RuntimeError(f"block {block.block_id} is already free")
             self._blocks[block.block_id] = block
             self._first[block.block_id] = block
             self._first.move_to_end(block.block_id, last=False)
             self._where[block.block_id] = _FIRST
         self.num_free_blocks += len(blocks)
+
+    def _check_not_free(self, blocks: Sequence[Any]) -> None:
+        """Refuse, before any change, a block already free or listed twice (RuntimeError)."""
+        where = self._where
+        if len(blocks) == 1:  # append() of one block: the common call
+            if blocks[0].block_id in where:
+                raise RuntimeError(f"block {blocks[0].block_id} is already free")
+            return
+        seen: set[int] = set()
+        for block in blocks:
+            block_id = block.block_id
+            if block_id in where or block_id in seen:
+                raise RuntimeError(f"block {block_id} is already free")
+            seen.add(block_id)
 
     @property
     def fake_free_list_head(self) -> Any:

@@ -184,8 +184,12 @@ class HostTier:
         return slot
 
     def touch(self, slots: Iterable[int]) -> None:
-        """Mark ``slots`` used now (a promotion read them). Complexity: O(k log n)."""
-        for slot in slots:
+        """Mark ``slots`` used now (a promotion read them). Complexity: O(k log n).
+
+        Raises:
+            InvalidArgumentError: a slot holds nothing (checked first: nothing changes).
+        """
+        for slot in self._held_slots(slots):
             entry = self._entry(slot)
             entry.num_accesses += 1
             self._clock += 1
@@ -194,19 +198,31 @@ class HostTier:
                 self.policy.touch(slot, self._clock)
 
     def pin(self, slots: Iterable[int]) -> None:
-        """Keep ``slots`` from eviction until :meth:`unpin` (a promotion is reading them)."""
-        for slot in slots:
-            self._entry(slot)
+        """Keep ``slots`` from eviction until :meth:`unpin` (a promotion is reading them).
+
+        Raises:
+            InvalidArgumentError: a slot holds nothing (checked first: nothing changes).
+        """
+        for slot in self._held_slots(slots):
             self._pinned[slot] = self._pinned.get(slot, 0) + 1
             if slot in self.policy:
                 self.policy.discard(slot)
 
     def unpin(self, slots: Iterable[int]) -> None:
-        """Undo one :meth:`pin` of each slot."""
-        for slot in slots:
-            count = self._pinned.get(slot, 0)
-            if count == 0:
+        """Undo one :meth:`pin` of each slot.
+
+        Raises:
+            InvalidArgumentError: a slot is not pinned as often as it is listed (checked
+                first: nothing changes).
+        """
+        listed = [require_int(slot, "slot") for slot in slots]
+        asked: dict[int, int] = {}
+        for slot in listed:
+            asked[slot] = asked.get(slot, 0) + 1
+            if asked[slot] > self._pinned.get(slot, 0):
                 raise InvalidArgumentError(f"host slot {slot} is not pinned")
+        for slot in listed:
+            count = self._pinned[slot]
             if count > 1:
                 self._pinned[slot] = count - 1
                 continue
@@ -294,6 +310,13 @@ class HostTier:
             raise InvariantError("; ".join(problems))
 
     # ------------------------------------------------------------------ internals
+
+    def _held_slots(self, slots: Iterable[int]) -> list[int]:
+        """``slots`` as a list, each checked to hold an entry, before anything changes."""
+        checked = [require_int(slot, "slot") for slot in slots]
+        for slot in checked:
+            self._entry(slot)
+        return checked
 
     def _entry(self, slot: int) -> _Entry:
         entry = self._entries[slot] if 0 <= slot < self.num_slots else None

@@ -98,6 +98,7 @@ class RemoteTier:
         self._lock = threading.Lock()  # the writer's counters
         self._num_lookups = self._num_queried = self._num_hit = self._num_lookup_errors = 0
         self._num_submitted = self._num_dropped = self._num_written = self._num_write_errors = 0
+        self._closed = False
         self._writer = threading.Thread(
             target=self._write_loop, name="prefixcache-remote", daemon=True
         )
@@ -127,6 +128,17 @@ class RemoteTier:
         for value in values:
             if value is None:
                 break
+            if not isinstance(value, (bytes, bytearray, memoryview)):
+                # A client that decodes replies (decode_responses=True) cannot carry K/V bytes.
+                self._num_lookup_errors += 1
+                self._warn_once(
+                    "lookup",
+                    TypeError(
+                        f"the client returned {type(value).__name__}, not bytes; build it "
+                        "with decode_responses=False"
+                    ),
+                )
+                return []
             found.append(bytes(value))
         self._num_hit += len(found)
         return found
@@ -134,8 +146,13 @@ class RemoteTier:
     def submit(self, block_hash: int, payload: bytes) -> bool:
         """Queue a write of ``payload`` under ``block_hash``; False (counted) if the queue is full.
 
-        Never waits. Complexity: O(1).
+        Never waits; after :meth:`close` every write is dropped (counted), since no writer
+        is left to send it. Complexity: O(1).
         """
+        if self._closed:
+            with self._lock:
+                self._num_dropped += 1
+            return False
         try:
             self._queue.put_nowait((self.key(block_hash), payload))
         except queue.Full:
@@ -152,6 +169,7 @@ class RemoteTier:
 
     def close(self) -> None:
         """Send what is queued, then stop the writer thread. Idempotent."""
+        self._closed = True  # submit() drops from now on: flush() must not wait for them
         if self._writer.is_alive():
             self._queue.put(None)
             self._writer.join()

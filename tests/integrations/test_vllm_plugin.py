@@ -721,6 +721,26 @@ def test_the_queue_refuses_what_vllms_refuses() -> None:
     assert queue.get_all_free_blocks() == [blocks[0]] and queue.num_free_blocks == 1
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["policy", "lru"])
+def test_a_refused_free_changes_nothing(fast: bool) -> None:
+    """Issue 28, item 5: a block listed twice used to be half-freed before the refusal."""
+    blocks = [Block(i, bytes([i]) * 12) for i in range(4)]
+    queue = (
+        LruFreeBlockQueue(blocks[:1])
+        if fast
+        else PolicyFreeBlockQueue(blocks[:1], policies.LRUPolicy())
+    )
+    before = (queue.num_free_blocks, ids(queue.get_all_free_blocks()))
+    for free in (queue.prepend_n, queue.append_n):
+        with pytest.raises(RuntimeError, match="already free"):
+            free([blocks[1], blocks[2], blocks[1]])
+        with pytest.raises(RuntimeError, match="already free"):
+            free([blocks[2], blocks[0]])
+        assert (queue.num_free_blocks, ids(queue.get_all_free_blocks())) == before
+    queue.append_n(blocks[1:])  # the same blocks, once each, are accepted
+    assert queue.num_free_blocks == 4
+
+
 def test_iter_blocks_after_walks_from_a_cursor() -> None:
     blocks = [Block(i, bytes([i]) * 12) for i in range(4)]
     queue = PolicyFreeBlockQueue([], policies.LRUPolicy())

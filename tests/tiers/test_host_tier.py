@@ -151,3 +151,17 @@ def test_check_reports_a_corrupted_tier():
     broken._slot_of[99] = 0
     problems = broken.find_problems()
     assert len(problems) == 4
+
+
+@pytest.mark.parametrize("method", ["pin", "touch", "unpin"])
+def test_a_refused_slot_list_changes_nothing(method: str) -> None:
+    """Issue 28, item 5: pin/touch kept what they did before reaching a bad slot."""
+    tier = HostTier(4)
+    slots = chain(tier, [11, 12])
+    tier.pin([slots[0]])
+    before = (dict(tier._pinned), tier.stats(), tier.lookup([11, 12]))
+    bad = [slots[1], 99] if method != "unpin" else [slots[0], slots[0]]
+    with pytest.raises(InvalidArgumentError):
+        getattr(tier, method)(bad)
+    assert (dict(tier._pinned), tier.stats(), tier.lookup([11, 12])) == before
+    tier.check()

@@ -214,3 +214,24 @@ def test_a_host_tier_with_no_free_slot_loads_nothing_from_the_remote_tier(make_l
 def test_connect_refuses_a_timeout_that_is_not_a_positive_number(timeout_s: object) -> None:
     with pytest.raises(ConfigError, match="timeout_s must be a number > 0"):
         connect("redis://127.0.0.1:1/0", namespace="t", timeout_s=timeout_s)  # type: ignore[arg-type]
+
+
+def test_a_submit_after_close_is_dropped_and_flush_returns():
+    """Issue 28, item 5: work accepted after close() was never sent, and flush() hung."""
+    server = FakeRedis()
+    remote = RemoteTier(server, namespace="m")
+    remote.close()
+    assert remote.submit(1, b"x") is False
+    remote.flush()  # returns: nothing is waiting for a writer that is gone
+    assert remote.stats().num_dropped_writes == 1 and remote.stats().num_submitted == 0
+
+
+def test_a_client_that_decodes_replies_is_a_miss_not_a_raise():
+    """Issue 28, item 5: ``str`` replies (decode_responses=True) raised TypeError in lookup."""
+    server = FakeRedis()
+    remote = RemoteTier(server, namespace="m")
+    server.data[remote.key(1)] = "text"
+    with pytest.warns(RuntimeWarning, match="decode_responses"):
+        assert remote.lookup([1]) == []
+    assert remote.stats().num_lookup_errors == 1
+    remote.close()
