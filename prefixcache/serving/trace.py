@@ -122,6 +122,8 @@ def _parse_line(line: str, line_number: int, source: str) -> TraceRequest:
         record: Any = json.loads(line)
     except json.JSONDecodeError as exc:
         raise InvalidArgumentError(f"{where}: not valid JSON ({exc.msg})") from exc
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit int; nesting past the stack
+        raise InvalidArgumentError(f"{where}: not a usable JSON line ({exc})") from exc
     if not isinstance(record, dict):
         raise InvalidArgumentError(f"{where}: expected a JSON object, got {type(record).__name__}")
     missing = [field for field in _FIELDS if field not in record]

@@ -214,6 +214,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
         if total < 1:
             raise _BadArgument("--total-capacity", f"expected an int >= 1, got {total}")
         _check_memory("--total-capacity", total)
+        most = max(getattr(args, "workers", None) or [1])
+        if total < most:
+            raise _BadArgument(
+                "--total-capacity", f"{total} blocks cannot be split over {most} workers"
+            )
     args.plot_target = _plot_target(args)
     args.trace_path, args.requests = _load(args)
 
@@ -260,6 +265,8 @@ def _plot_target(args: argparse.Namespace) -> Path | None:
     if args.plot is None:
         return Path(DEFAULT_PLOT)
     target: Path = args.plot
+    if target.is_dir():
+        raise _BadArgument("--plot", f"{target} is a folder")
     if not target.suffix:
         target = target.with_suffix(".png")  # what matplotlib would write: say so
     if target.suffix.lower() not in PLOT_SUFFIXES:
@@ -270,11 +277,25 @@ def _plot_target(args: argparse.Namespace) -> Path | None:
         raise _BadArgument("--plot", f"folder {target.parent} does not exist")
     if target.is_dir():
         raise _BadArgument("--plot", f"{target} is a folder")
+    _probe_writable(target)
     if not _has_matplotlib():
         raise _BadArgument(
             "--plot", "writing a plot needs matplotlib: pip install 'prefixcache[plot]'"
         )
     return target
+
+
+def _probe_writable(target: Path) -> None:
+    """Open ``target`` for appending (removing it again if it is new), so a plot that could
+    not be written fails now, not after the replays."""
+    existed = target.exists()
+    try:
+        with target.open("ab"):
+            pass
+        if not existed:
+            target.unlink()
+    except OSError as exc:
+        raise _BadArgument("--plot", f"cannot write {target}: {exc.strerror or exc}") from exc
 
 
 def _has_matplotlib() -> bool:

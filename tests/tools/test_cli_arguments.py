@@ -162,3 +162,41 @@ def test_the_example_table_is_aligned_for_long_policy_names(
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert any(line.startswith("protected_lru ") for line in lines)  # longer than 9
     assert len({len(line) for line in lines}) == 1, "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ['
+        + "9" * 5000
+        + "]}",
+        "[" * 100_000 + "]" * 100_000,
+    ],
+    ids=["5000-digit-int", "deeply-nested"],
+)
+def test_a_trace_line_python_cannot_parse(
+    tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture[str], content: str
+) -> None:
+    """Issue 28, item 7: these ended in a ValueError / RecursionError traceback."""
+    path = tmp_path / "hostile.jsonl"
+    path.write_text(json.dumps(REQUEST) + "\n" + content + "\n", encoding="utf-8")
+    refused(capsys, ["replay", "--trace", str(path)], "--trace", "line 2")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [(".", "is a folder"), ("/", "is a folder"), ("/proc/plot.png", "cannot write")],
+)
+def test_a_plot_target_that_cannot_be_written(
+    trace: Path, no_work: None, capsys: pytest.CaptureFixture[str], target: str, reason: str
+) -> None:
+    """Issue 28, item 7: checked before the replays (the last one failed after the run)."""
+    refused(capsys, ["compare", "--trace", str(trace), "--plot", target], "--plot", reason)
+
+
+def test_more_workers_than_blocks(
+    trace: Path, no_work: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["compare", "--trace", str(trace), "--workers", "4", "--total-capacity", "2"]
+    refused(capsys, argv, "--total-capacity", "cannot be split over 4")
