@@ -143,6 +143,8 @@ class KVBlockAllocator(
         self._num_rejected = 0
         self._num_queried_tokens = 0  # vLLM's prefix_cache_queries, in tokens
         self._num_hit_tokens = 0  # vLLM's prefix_cache_hits, in tokens
+        self._num_preempted_queried_tokens = 0  # vLLM's preempted_queries, in tokens
+        self._num_preempted_hit_tokens = 0  # vLLM's preempted_hits, in tokens
         self._bind_request_path()
 
     @property
@@ -273,6 +275,7 @@ class KVBlockAllocator(
         acquire: bool = False,
         fingerprints: Any = None,
         num_tokens: int | None = None,
+        resumed: bool = False,
     ) -> torch.Tensor:
         """IDs of the blocks holding the longest registered prefix of ``block_hashes``.
 
@@ -289,6 +292,9 @@ class KVBlockAllocator(
                 counters (``stats().num_queried_tokens``, vLLM's
                 ``prefix_cache_queries``): at least ``len(block_hashes) *
                 block_size_tokens``; None counts the full blocks only.
+            resumed: the request was preempted and comes back: its own blocks are
+                no cache hit, so the tokens count in the preempted counters
+                (``stats().num_preempted_queried_tokens`` / ``..._hit_tokens``).
 
         Returns:
             A fresh CPU int32 tensor, possibly empty.
@@ -301,6 +307,7 @@ class KVBlockAllocator(
         Complexity: O(matched blocks) dict lookups, plus vectorised reference updates.
         """
         is_acquire = require_flag(acquire, "acquire")
+        is_resumed = require_flag(resumed, "resumed")
         hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
         checks = self._fingerprint_list(fingerprints, len(hashes))
         full_tokens = len(hashes) * self.block_size_tokens
@@ -312,7 +319,11 @@ class KVBlockAllocator(
         if checks is not None:
             matched = self._verified_prefix(matched, checks)
         self._engine.take_hit(matched, len(hashes), acquire=is_acquire)
-        self._count_prefix_tokens(full_tokens, len(matched))
+        if is_resumed:
+            self._num_preempted_queried_tokens += full_tokens
+            self._num_preempted_hit_tokens += len(matched) * self.block_size_tokens
+        else:
+            self._count_prefix_tokens(full_tokens, len(matched))
         return to_tensor(matched.astype(np.int32))
 
     def _count_prefix_tokens(self, num_tokens: int, num_hit_blocks: int) -> None:
@@ -606,6 +617,7 @@ class KVBlockAllocator(
             self.routing.clear_all()
         self._num_rejected = 0
         self._num_queried_tokens = self._num_hit_tokens = 0
+        self._num_preempted_queried_tokens = self._num_preempted_hit_tokens = 0
         if self.events is not None:
             self.events.record_cleared()
 
@@ -639,6 +651,8 @@ class KVBlockAllocator(
             num_queried_tokens=self._num_queried_tokens,
             num_hit_tokens=self._num_hit_tokens,
             largest_free_run=self.largest_free_run(),
+            num_preempted_queried_tokens=self._num_preempted_queried_tokens,
+            num_preempted_hit_tokens=self._num_preempted_hit_tokens,
         )
 
     def __str__(self) -> str:

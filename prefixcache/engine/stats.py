@@ -15,7 +15,10 @@ class AllocatorStats:
     token counts are vLLM's ``prefix_cache_queries``/``prefix_cache_hits``:
     ``num_queried_tokens`` counts every prompt token of the queries (the
     partial last block included, when the caller passes ``num_tokens``),
-    ``num_hit_tokens`` the tokens of the blocks found cached.
+    ``num_hit_tokens`` the tokens of the blocks found cached. A lookup of a request
+    that comes back after preemption (``match_prefix(..., resumed=True)``) finds its own
+    blocks: it counts apart, in ``num_preempted_queried_tokens`` /
+    ``num_preempted_hit_tokens`` (vLLM's ``preempted_queries``/``preempted_hits``).
     ``num_evicted_blocks`` counts cached blocks freed for room (or by an
     explicit evict call); ``num_dropped_blocks`` counts hashed blocks freed
     at their last release because the policy retains nothing (ref-zero).
@@ -50,6 +53,8 @@ class AllocatorStats:
     num_queried_tokens: int = 0
     num_hit_tokens: int = 0
     largest_free_run: int = 0
+    num_preempted_queried_tokens: int = 0
+    num_preempted_hit_tokens: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """Every field by name, for logs and JSON. Complexity: O(fields)."""

@@ -145,7 +145,7 @@ class RequestCache:
             salt=salt,
             extra_keys=self.tiered.epochs.hash_keys(epoch),
         )
-        match = self.tiered.match(hashes, num_tokens=len(prompt))
+        match = self.tiered.match(hashes, num_tokens=len(prompt), resumed=old is not None)
         num_hit = len(match.block_ids)
         fresh = self.tiered.allocate(-(-len(prompt) // self.block_size) - num_hit)
         if fresh is None:

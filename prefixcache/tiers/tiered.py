@@ -221,7 +221,9 @@ class TieredCache:
 
     # ------------------------------------------------------------------ prefix reuse
 
-    def match(self, block_hashes: Any, *, num_tokens: int | None = None) -> TieredMatch:
+    def match(
+        self, block_hashes: Any, *, num_tokens: int | None = None, resumed: bool = False
+    ) -> TieredMatch:
         """Match ``block_hashes`` on the device, then continue into the host tier.
 
         Device hits are acquired (one active reference each); host hits get
@@ -232,6 +234,7 @@ class TieredCache:
         Args:
             block_hashes: the prompt's chained block hashes, in order.
             num_tokens: the prompt's length, for the device's token counters.
+            resumed: a preempted request comes back (the device counts it apart).
 
         Raises:
             InvalidTensorError, InvalidArgumentError: malformed hashes or count.
@@ -239,7 +242,9 @@ class TieredCache:
         Complexity: O(matched blocks) plus allocation of the promoted ones.
         """
         hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
-        device = self.allocator.match_prefix(hashes, acquire=True, num_tokens=num_tokens)
+        device = self.allocator.match_prefix(
+            hashes, acquire=True, num_tokens=num_tokens, resumed=resumed
+        )
         device_ids = device.numpy()
         start = len(self._queue)
         rest = hashes[len(device_ids) :]

@@ -54,6 +54,26 @@ def test_a_preempted_request_does_not_count_its_own_blocks_as_hits(make_loop):
     loop.requests.finish("a")
 
 
+def test_the_device_pool_counts_a_resume_apart(make_loop):
+    """Issue 28, item 8: the pool's vLLM-style counters counted a resumed request's own
+    blocks as prefix hits; like vLLM, a resume now counts in the preempted counters."""
+    loop = make_loop(9, 16)
+    loop.requests.admit("a", prompt(1, 3))
+    loop.requests.preempt("a")
+    pool = loop.requests.tiered.allocator
+    before = pool.stats()
+    resumed = loop.requests.admit("a", None)
+    assert resumed is not None and resumed.num_cached_tokens == 12
+    after = pool.stats()
+    assert (after.num_hit_tokens, after.num_queried_tokens) == (
+        before.num_hit_tokens,
+        before.num_queried_tokens,
+    )
+    assert after.num_preempted_hit_tokens - before.num_preempted_hit_tokens == 12
+    assert after.num_preempted_queried_tokens - before.num_preempted_queried_tokens == 12
+    loop.requests.finish("a")
+
+
 def test_counters_are_kept_per_label(make_loop):
     loop = make_loop(9, 16)
     loop.requests.admit("a", prompt(1, 2), label="tenant-a")
