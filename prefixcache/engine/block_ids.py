@@ -8,6 +8,7 @@ refused rather than copied back (that copy would stall the host on the GPU).
 
 from __future__ import annotations
 
+import array as array_module
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,7 +53,12 @@ def to_int_array(values: BlockIdsLike, what: str) -> np.ndarray:
         array = values.numpy()  # integer tensors never require grad
     elif isinstance(values, np.ndarray):
         array = values
-    elif isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+    elif isinstance(values, (memoryview, array_module.array)):  # other integer buffers
+        try:
+            array = np.asarray(values)
+        except (TypeError, ValueError) as exc:
+            raise InvalidTensorError(f"{what} must be an integer buffer: {exc}") from exc
+    elif isinstance(values, (str, bytes, bytearray)) or not isinstance(values, Sequence):
         raise InvalidTensorError(
             f"{what} must be a tensor, an array or a sequence of ints, got {type(values).__name__}"
         )

@@ -284,12 +284,12 @@ def _int32_le_buffer(tokens: object) -> tuple[memoryview, int]:
         torch_module = sys.modules.get("torch")
         if torch_module is not None and isinstance(tokens, torch_module.Tensor):
             tokens = _tensor_to_numpy(tokens, torch_module)
+        if isinstance(tokens, memoryview):  # an integer buffer, read as numpy reads it
+            tokens = np.asarray(tokens)
         if isinstance(tokens, np.ndarray):
             array = _array_to_int32(tokens)
             return array.view(np.uint8).data, len(array)  # bytes, not int32 items
-        if isinstance(tokens, (str, bytes, bytearray, memoryview)) or not isinstance(
-            tokens, Sequence
-        ):
+        if isinstance(tokens, (str, bytes, bytearray)) or not isinstance(tokens, Sequence):
             raise InvalidArgumentError(
                 "tokens must be a 1-D torch tensor, a 1-D numpy integer array or a sequence "
                 f"of ints, got {type(tokens).__name__}"

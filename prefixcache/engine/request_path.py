@@ -21,6 +21,7 @@ compares the two).
 
 from __future__ import annotations
 
+import array as array_module
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -42,6 +43,10 @@ def _row_array(out_row: Any) -> np.ndarray:
                 f"out_row must be a CPU tensor (host memory), got device {row.device}"
             )
         row = row.numpy()
+    elif isinstance(row, (memoryview, array_module.array)):  # a writable int32 buffer, in place
+        if isinstance(row, memoryview) and not row.c_contiguous:
+            raise InvalidTensorError("out_row must be a writable C-contiguous int32 array")
+        row = np.asarray(row)
     if not isinstance(row, np.ndarray):
         raise InvalidTensorError(f"out_row must be an int32 array, got {type(out_row).__name__}")
     if row.dtype != np.int32 or row.ndim != 1:

@@ -243,14 +243,54 @@ bool get_int_buffer(PyObject* obj, Py_buffer* view, bool writable, const char* w
 
 bool is_int(PyObject* item) { return PyLong_Check(item) && !PyBool_Check(item); }
 
+// A numpy scalar that may be an integer (numpy's own C code answers __index__, so reading
+// it runs no Python code that could call back into the engine).
+bool is_numpy_scalar(PyObject* item) {
+  const char* name = Py_TYPE(item)->tp_name;
+  return std::strncmp(name, "numpy.", 6) == 0 && std::strncmp(name, "numpy.bool", 10) != 0 &&
+         !PyFloat_Check(item) && !PyComplex_Check(item);
+}
+
 }  // namespace
 
-// ``obj`` itself when it exports a buffer; a CPU torch tensor's ``numpy()``
-// view (same memory) otherwise; nullptr with no error set when it is neither,
-// or with InvalidTensorError set when ``numpy()`` refuses (a device tensor).
-PyObject* native_buffer_source(PyObject* obj, const char* what) {
-  if (PyObject_CheckBuffer(obj)) return Py_NewRef(obj);
-  if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) return nullptr;
+namespace {
+
+// An input buffer the parsers cannot read in place (strided, or in the other byte order) as
+// a C-contiguous native-order copy made by numpy, as the Python engine's np.asarray reads
+// it; ``obj`` itself otherwise. New reference, or nullptr with an error set.
+PyObject* readable_copy(PyObject* obj) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+    const bool swapped = view.format && (view.format[0] == '>' || view.format[0] == '!');
+    PyBuffer_Release(&view);
+    if (!swapped) return Py_NewRef(obj);
+  } else {
+    PyErr_Clear();
+  }
+  PyObject* numpy = PyImport_ImportModule("numpy");
+  if (!numpy) return nullptr;
+  PyObject* array = PyObject_CallMethod(numpy, "ascontiguousarray", "O", obj);
+  Py_DECREF(numpy);
+  if (!array) return nullptr;
+  PyObject* dtype = PyObject_GetAttrString(array, "dtype");
+  PyObject* native = dtype ? PyObject_CallMethod(dtype, "newbyteorder", "s", "=") : nullptr;
+  PyObject* copy = native ? PyObject_CallMethod(array, "astype", "O", native) : nullptr;
+  Py_XDECREF(native);
+  Py_XDECREF(dtype);
+  Py_DECREF(array);
+  return copy;
+}
+
+}  // namespace
+
+// ``obj`` itself when it exports a buffer (an input one read in place: see readable_copy);
+// a CPU torch tensor's ``numpy()`` view (same memory) otherwise; nullptr with no error set
+// when it is neither (bytes, bytearray and str are text, never IDs or tokens), or with
+// InvalidTensorError set when ``numpy()`` refuses (a device tensor).
+PyObject* native_buffer_source(PyObject* obj, const char* what, bool input) {
+  if (PyBytes_Check(obj) || PyByteArray_Check(obj) || PyUnicode_Check(obj)) return nullptr;
+  if (PyObject_CheckBuffer(obj)) return input ? readable_copy(obj) : Py_NewRef(obj);
+  if (PyList_Check(obj) || PyTuple_Check(obj)) return nullptr;
   PyObject* method = PyObject_GetAttrString(obj, "numpy");
   if (!method) {
     PyErr_Clear();
@@ -266,7 +306,10 @@ PyObject* native_buffer_source(PyObject* obj, const char* what) {
                                          "tensor is never read back)");
     return nullptr;
   }
-  return array;
+  if (!input) return array;
+  PyObject* readable = readable_copy(array);
+  Py_DECREF(array);
+  return readable;
 }
 
 namespace {
@@ -285,25 +328,27 @@ bool parse_ids(PyObject* obj, int32_t num_usable, std::vector<int32_t>& out,
     }
     return false;
   };
-  if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+  if (PyList_Check(obj) || PyTuple_Check(obj)) {
     const Py_ssize_t size = PySequence_Fast_GET_SIZE(obj);
     PyObject** items = PySequence_Fast_ITEMS(obj);
     out.resize(static_cast<size_t>(size));
     for (Py_ssize_t i = 0; i < size; ++i) {
-      if (!is_int(items[i])) {
+      int overflow = 0;
+      long long value = 0;
+      if (!native_list_int(items[i], &value, &overflow)) {
         raise(ErrorKind::kInvalidTensor, std::string(what) + " must contain only ints");
         return false;
       }
-      int overflow = 0;
-      const long long value = PyLong_AsLongLongAndOverflow(items[i], &overflow);
-      if (overflow || value < 0 || value >= num_usable) {
-        return bad_id(overflow ? (overflow > 0 ? INT64_MAX : INT64_MIN) : value);
+      if (overflow) {  // past int64: as the Python engine's np.asarray says
+        raise(ErrorKind::kInvalidTensor, std::string(what) + " holds an integer out of range");
+        return false;
       }
+      if (value < 0 || value >= num_usable) return bad_id(value);
       out[i] = static_cast<int32_t>(value);
     }
     return true;
   }
-  PyObject* source = native_buffer_source(obj, what);
+  PyObject* source = native_buffer_source(obj, what, true);
   if (!source) {
     if (!PyErr_Occurred()) {
       raise(ErrorKind::kInvalidTensor, std::string(what) + " must be an integer array, a "
@@ -352,18 +397,19 @@ bool parse_hashes(PyObject* obj, std::vector<int64_t>& out, const char* what, bo
                                 "engine keeps int64 hashes; use engine='python' for wider ones)");
     return false;
   };
-  if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+  if (PyList_Check(obj) || PyTuple_Check(obj)) {
     const Py_ssize_t size = PySequence_Fast_GET_SIZE(obj);
     PyObject** items = PySequence_Fast_ITEMS(obj);
     out.resize(static_cast<size_t>(size));
     for (Py_ssize_t i = 0; i < size; ++i) {
-      if (!is_int(items[i])) {
+      int overflow = 0;
+      long long value = 0;
+      if (!native_list_int(items[i], &value, &overflow)) {
         raise(ErrorKind::kInvalidTensor, std::string(what) + " must contain only ints");
         return false;
       }
-      int overflow = 0;
-      out[i] = PyLong_AsLongLongAndOverflow(items[i], &overflow);
       if (overflow) return outside();
+      out[i] = value;
     }
   } else if (PyObject_CheckBuffer(obj)) {
     Py_buffer view;
@@ -472,6 +518,23 @@ bool bind_args(const char* function, PyObject* const* args, Py_ssize_t nargs,
 
 // Shared with module_engine.cpp.
 PyObject* native_raise(ErrorKind kind, const std::string& message) { return raise(kind, message); }
+
+bool native_list_int(PyObject* item, long long* value, int* overflow) {
+  *overflow = 0;
+  if (PyLong_CheckExact(item) || is_int(item)) {
+    *value = PyLong_AsLongLongAndOverflow(item, overflow);
+    return true;
+  }
+  if (!is_numpy_scalar(item)) return false;
+  PyObject* number = PyNumber_Index(item);  // TypeError for a numpy float: not an int
+  if (!number) {
+    PyErr_Clear();
+    return false;
+  }
+  *value = PyLong_AsLongLongAndOverflow(number, overflow);
+  Py_DECREF(number);
+  return true;
+}
 PyObject* native_block_ids(const int32_t* values, size_t size) { return block_ids_from(values, size); }
 PyObject* native_new_block_ids(Py_ssize_t size, int32_t** data) { return new_block_ids(size, data); }
 bool native_parse_ids(PyObject* obj, int32_t num_usable, std::vector<int32_t>& out,

@@ -132,7 +132,11 @@ PyObject* engine_allocate(PyObject* py_self, PyObject* arg) {
   bool huge;
   if (!native_parse_count(arg, "num_blocks", &count, &huge)) return nullptr;
   Engine& engine = *self->engine;
-  if (huge || count > engine.num_free() + engine.num_cached()) Py_RETURN_NONE;
+  if (huge) {  // the input rule: an int is within signed 64 bits (as the facade says)
+    return native_raise(ErrorKind::kInvalidArgument,
+                        "num_blocks must be an int >= 0 within signed 64 bits");
+  }
+  if (count > engine.num_free() + engine.num_cached()) Py_RETURN_NONE;
   int32_t* data = nullptr;
   PyObject* ids = native_new_block_ids(static_cast<Py_ssize_t>(count), &data);
   if (!ids) return nullptr;
@@ -369,17 +373,17 @@ bool parse_tokens(EngineObject* self, PyObject* obj, Tokens* out) {
                  "token " + std::to_string(value) + " is outside the int32 range");
     return false;
   };
-  if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+  if (PyList_Check(obj) || PyTuple_Check(obj)) {
     const Py_ssize_t size = PySequence_Fast_GET_SIZE(obj);
     PyObject** items = PySequence_Fast_ITEMS(obj);
     narrowed.resize(static_cast<size_t>(size));
     for (Py_ssize_t i = 0; i < size; ++i) {
-      if (PyBool_Check(items[i]) || !PyLong_Check(items[i])) {
+      int overflow = 0;
+      long long value = 0;
+      if (!native_list_int(items[i], &value, &overflow)) {
         native_raise(ErrorKind::kInvalidArgument, "tokens must be ints");
         return false;
       }
-      int overflow = 0;
-      const long long value = PyLong_AsLongLongAndOverflow(items[i], &overflow);
       if (overflow || value < INT32_MIN || value > INT32_MAX) {
         return outside(overflow ? INT64_MAX : value);
       }
@@ -389,7 +393,7 @@ bool parse_tokens(EngineObject* self, PyObject* obj, Tokens* out) {
     out->count = narrowed.size();
     return true;
   }
-  PyObject* source = native_buffer_source(obj, "tokens");
+  PyObject* source = native_buffer_source(obj, "tokens", true);
   if (!source) {
     if (!PyErr_Occurred()) {
       native_raise(ErrorKind::kInvalidArgument,
@@ -438,7 +442,7 @@ FASTCALL(engine_admit_request) {
   // out_row first: its conversion may run Python code (a tensor's numpy()) that calls
   // back into this engine, which reuses the scratch buffer parse_tokens fills. Nothing of
   // the engine is held across a conversion; the exported row buffer stays valid.
-  PyObject* source = native_buffer_source(bound[1], "out_row");
+  PyObject* source = native_buffer_source(bound[1], "out_row", false);
   if (!source) {
     if (!PyErr_Occurred()) {
       native_raise(ErrorKind::kInvalidTensor, std::string("out_row must be an int32 array, got ") +
