@@ -128,7 +128,7 @@ def check_headroom(
     over = after > MAX_REFERENCES
     if over.any():
         at = int(np.argmax(over))
-        asked = int(delta if np.isscalar(delta) else np.asarray(delta)[at])
+        asked = int(np.broadcast_to(np.asarray(delta, dtype=np.int64), over.shape)[at])
         raise ReferenceCountError(
             f"block {int(unique[at])} holds {int(held[at])} {partition} reference(s); "
             f"{asked} more would pass the limit of 2**31 - 1"

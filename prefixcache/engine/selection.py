@@ -21,7 +21,6 @@ from prefixcache.engine.python_engine import PythonEngine
 from prefixcache.errors import ConfigError
 from prefixcache.policies import (
     ARCPolicy,
-    AutoPolicy,
     EvictionPolicy,
     FIFOPolicy,
     HazardPolicy,
@@ -45,7 +44,6 @@ AUTO_PREFERS_NATIVE = True
 # keeps its Python object.
 _BUILT_IN_TYPES: dict[str, type] = {
     "arc": ARCPolicy,
-    "auto": AutoPolicy,
     "fifo": FIFOPolicy,
     "hazard": HazardPolicy,
     "lfu": LFUPolicy,
@@ -87,18 +85,19 @@ def native_policy(
     if config.cache_unreferenced is False:  # nothing is cached: the policy never runs
         return "ref_zero", {}
     spec = config.eviction_policy
+    name: object = spec
     options: dict[str, float] = {}
     if isinstance(spec, Mapping):
         options = {key: value for key, value in spec.items() if key != "name"}
-        spec = spec.get("name")
+        name = spec.get("name")
         # The policy object was built from them, so its class has checked their ranges.
         if not all(isinstance(value, numbers.Real) for value in options.values()):
             return None
-    if not isinstance(spec, str) or spec not in NATIVE_POLICIES:
+    if not isinstance(name, str) or name not in NATIVE_POLICIES:
         return None
-    if type(policy) is not _BUILT_IN_TYPES.get(spec):
+    if type(policy) is not _BUILT_IN_TYPES.get(name):
         return None
-    return spec, options
+    return name, options
 
 
 def native_unsupported_reason(config: AllocatorConfig, policy: EvictionPolicy) -> str | None:
