@@ -1,6 +1,6 @@
 // KeyedHeap: tracked block IDs ordered by (Key, block ID), lowest first.
 //
-// The indexed binary heap of leaf_heap.h for any totally ordered Key (a clock value, a
+// An indexed binary heap over flat arrays for any totally ordered Key (a clock value, a
 // (clock, sequence) pair, a (priority, clock) pair...), the native stand-in for the
 // Python policies' SortedList of keys when only the lowest key is ever taken: O(log n)
 // insert, removal from the middle, re-keying and pop, no allocation after construction.

@@ -4,8 +4,8 @@
 // touch re-keys the leaf), fifo's the last access the leaf had when it entered (touches
 // change nothing). Keys and IDs together are unique, so the victim is the Python class's
 // whatever the heap's layout; evicts_first compares with the top.
-#include "../leaf_heap.h"
 #include "factories.h"
+#include "keyed_heap.h"
 
 namespace prefixcache {
 
@@ -29,15 +29,12 @@ class HeapPolicy final : public Policy {
   bool contains(int32_t block_id) const noexcept override { return heap_.contains(block_id); }
   size_t memory_bytes() const noexcept override { return heap_.memory_bytes(); }
   bool evicts_first(int32_t block_id, const LeafInfo& leaf) override {
-    if (heap_.empty()) return true;
-    const int32_t top = heap_.top();
-    const int64_t key = heap_.key_of(top);
-    return leaf.last_access < key || (leaf.last_access == key && block_id < top);
+    return heap_.before_all(leaf.last_access, block_id);
   }
   bool uses_touch() const noexcept override { return rekey_on_touch_; }
 
  private:
-  LeafHeap heap_;
+  KeyedHeap<int64_t> heap_;  // by last access (lru) or last access at entry (fifo)
   const bool rekey_on_touch_;
 };
 
