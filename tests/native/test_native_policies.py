@@ -80,6 +80,7 @@ CASES = [
 ]
 
 EXAMPLES = int(os.environ.get("PREFIXCACHE_POLICY_EXAMPLES", "60"))
+LONG_STEPS = int(os.environ.get("PREFIXCACHE_POLICY_LONG_STEPS", "3000"))  # fewer under ASan
 
 
 def native_policy(name: str, options: dict[str, float]) -> object:
@@ -222,7 +223,7 @@ def test_native_policy_answers_as_its_python_class(
 def test_long_programs_agree(name: str, options: dict[str, float], seed: int) -> None:
     """3,000 calls: ghost lists and histories wrap, learned tables refresh (every 256 events)."""
     program = Program(name, options, seeded_draw(seed))
-    for _ in range(3_000):
+    for _ in range(LONG_STEPS):
         program.step()
     program.drain()
 
