@@ -11,58 +11,33 @@
 
 #include "factories.h"
 #include "keyed_heap.h"
-#include "linked_map.h"
+#include "use_history.h"
 
 namespace prefixcache {
 
 namespace {
 
-struct Stay {
-  bool live = false;
-  int64_t block_hash = 0;
-  int64_t num_accesses = 0;  // hand-outs last seen
-  int64_t earlier = 0;       // uses of earlier stays of the hash
-};
-
 class ProtectedLruPolicy final : public Policy {
  public:
   ProtectedLruPolicy(int32_t num_blocks, int64_t history_capacity)
-      : history_capacity_(history_capacity),
-        probation_(static_cast<size_t>(num_blocks)),
+      : probation_(static_cast<size_t>(num_blocks)),
         protected_(static_cast<size_t>(num_blocks)),
-        stays_(static_cast<size_t>(num_blocks)),
-        history_(static_cast<size_t>(std::min<int64_t>(history_capacity, 1 << 16))) {}
+        uses_(num_blocks, history_capacity) {}
 
   void insert(int32_t block_id, const LeafInfo& leaf) override {
-    Stay& stay = stays_[block_id];
-    int64_t earlier;
-    if (!stay.live || stay.block_hash != leaf.block_hash ||
-        stay.num_accesses > leaf.num_accesses) {
-      const int64_t* uses = history_.get(leaf.block_hash);
-      earlier = uses ? *uses : 0;
-      history_.erase(leaf.block_hash);
-    } else {
-      earlier = stay.earlier;
-    }
-    stay = Stay{true, leaf.block_hash, leaf.num_accesses, earlier};
-    place(block_id, leaf.last_access, earlier + leaf.num_accesses);
+    const UseHistory::Stay& stay = uses_.enter(block_id, leaf);
+    place(block_id, leaf.last_access, stay.earlier + stay.num_accesses);
   }
 
   void on_register(const int64_t* hashes, size_t count, int64_t) override {
-    for (size_t i = 0; i < count; ++i) {  // a remembered hash moves to the recent end
-      const int64_t* uses = history_.get(hashes[i]);
-      if (!uses) continue;
-      const int64_t kept = *uses;
-      history_.erase(hashes[i]);
-      history_.put(hashes[i], kept);
-    }
+    for (size_t i = 0; i < count; ++i) uses_.refresh(hashes[i]);
   }
 
   void discard(int32_t block_id) override { class_of(block_id).remove(block_id); }
 
   void touch(int32_t block_id, int64_t now) override {
     class_of(block_id).remove(block_id);
-    Stay& stay = stays_[block_id];
+    UseHistory::Stay& stay = uses_[block_id];
     ++stay.earlier;
     place(block_id, now, stay.earlier + stay.num_accesses);
   }
@@ -71,21 +46,14 @@ class ProtectedLruPolicy final : public Policy {
     KeyedHeap<int64_t>& from = probation_.empty() ? protected_ : probation_;
     if (from.empty()) return kNoBlock;
     const int32_t block_id = from.pop();
-    Stay& stay = stays_[block_id];
-    stay.live = false;
-    if (history_capacity_ > 0) {
-      history_.erase(stay.block_hash);
-      history_.put(stay.block_hash, stay.earlier + stay.num_accesses);
-      if (static_cast<int64_t>(history_.size()) > history_capacity_) history_.pop_oldest();
-    }
+    uses_.leave(block_id, true);
     return block_id;
   }
 
   void clear() override {
     probation_.clear();
     protected_.clear();
-    std::fill(stays_.begin(), stays_.end(), Stay{});
-    history_.clear();
+    uses_.clear();
   }
 
   size_t size() const noexcept override { return probation_.size() + protected_.size(); }
@@ -93,8 +61,7 @@ class ProtectedLruPolicy final : public Policy {
     return probation_.contains(block_id) || protected_.contains(block_id);
   }
   size_t memory_bytes() const noexcept override {
-    return probation_.memory_bytes() + protected_.memory_bytes() +
-           stays_.capacity() * sizeof(Stay) + history_.memory_bytes();
+    return probation_.memory_bytes() + protected_.memory_bytes() + uses_.memory_bytes();
   }
 
  private:
@@ -105,10 +72,8 @@ class ProtectedLruPolicy final : public Policy {
     return protected_.contains(block_id) ? protected_ : probation_;
   }
 
-  const int64_t history_capacity_;
   KeyedHeap<int64_t> probation_, protected_;  // by last access
-  std::vector<Stay> stays_;                    // by block ID: tracked, or out for a hit
-  LinkedMap<int64_t> history_;                 // evicted hash -> uses, least recent first
+  UseHistory uses_;                            // stays and evicted hashes' use counts
 };
 
 }  // namespace

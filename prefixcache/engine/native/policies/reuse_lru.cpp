@@ -12,51 +12,32 @@
 
 #include "factories.h"
 #include "keyed_heap.h"
-#include "linked_map.h"
+#include "use_history.h"
 
 namespace prefixcache {
 
 namespace {
-
-struct Stay {
-  bool live = false;
-  int64_t block_hash = 0;
-  int64_t num_accesses = 0;  // hand-outs last seen
-  int64_t earlier = 0;       // hand-outs of earlier stays of the hash
-};
 
 class ReuseLruPolicy final : public Policy {
  public:
   ReuseLruPolicy(int32_t num_blocks, double reuse_weight, int64_t history_capacity,
                  double smoothing)
       : reuse_weight_(reuse_weight),
-        history_capacity_(history_capacity),
         smoothing_(smoothing),
         order_(static_cast<size_t>(num_blocks)),
         last_access_(static_cast<size_t>(num_blocks), 0),
-        stays_(static_cast<size_t>(num_blocks)),
-        history_(static_cast<size_t>(std::min<int64_t>(history_capacity, 1 << 16))) {}
+        uses_(num_blocks, history_capacity) {}
 
   void insert(int32_t block_id, const LeafInfo& leaf) override {
-    Stay& stay = stays_[block_id];
-    int64_t earlier;
-    if (!stay.live || stay.block_hash != leaf.block_hash ||
-        stay.num_accesses > leaf.num_accesses) {
-      const int64_t* handed = history_.get(leaf.block_hash);
-      earlier = handed ? *handed : 0;
-      history_.erase(leaf.block_hash);
-    } else {
-      earlier = stay.earlier;
-    }
-    stay = Stay{true, leaf.block_hash, leaf.num_accesses, earlier};
-    place(block_id, leaf.last_access, earlier + leaf.num_accesses);
+    const UseHistory::Stay& stay = uses_.enter(block_id, leaf);
+    place(block_id, leaf.last_access, stay.earlier + stay.num_accesses);
   }
 
   void discard(int32_t block_id) override { order_.remove(block_id); }
 
   void touch(int32_t block_id, int64_t now) override {
     order_.remove(block_id);
-    Stay& stay = stays_[block_id];
+    UseHistory::Stay& stay = uses_[block_id];
     ++stay.earlier;
     place(block_id, now, stay.earlier + stay.num_accesses);
   }
@@ -66,19 +47,13 @@ class ReuseLruPolicy final : public Policy {
     const int32_t block_id = order_.pop();
     const double waited = static_cast<double>(now_ - last_access_[block_id]);
     eviction_age_ += (waited - eviction_age_) * smoothing_;
-    Stay& stay = stays_[block_id];
-    stay.live = false;
-    if (history_capacity_ > 0) {
-      history_.put(stay.block_hash, stay.earlier + stay.num_accesses);  // keeps its place
-      if (static_cast<int64_t>(history_.size()) > history_capacity_) history_.pop_oldest();
-    }
+    uses_.leave(block_id, false);  // a remembered hash keeps its place
     return block_id;
   }
 
   void clear() override {
     order_.clear();
-    std::fill(stays_.begin(), stays_.end(), Stay{});
-    history_.clear();
+    uses_.clear();
     eviction_age_ = 0.0;
     now_ = 0;
   }
@@ -87,7 +62,7 @@ class ReuseLruPolicy final : public Policy {
   bool contains(int32_t block_id) const noexcept override { return order_.contains(block_id); }
   size_t memory_bytes() const noexcept override {
     return order_.memory_bytes() + last_access_.capacity() * sizeof(int64_t) +
-           stays_.capacity() * sizeof(Stay) + history_.memory_bytes();
+           uses_.memory_bytes();
   }
 
  private:
@@ -99,14 +74,12 @@ class ReuseLruPolicy final : public Policy {
   }
 
   const double reuse_weight_;
-  const int64_t history_capacity_;
   const double smoothing_;
   double eviction_age_ = 0.0;  // running mean of (now - last access) of victims
   int64_t now_ = 0;            // the largest clock value seen
   KeyedHeap<double> order_;    // by last access + bonus
   std::vector<int64_t> last_access_;  // by block ID, while tracked
-  std::vector<Stay> stays_;           // by block ID: tracked, or out for a hit
-  LinkedMap<int64_t> history_;        // evicted hash -> hand-outs, least recent first
+  UseHistory uses_;                   // stays and evicted hashes' hand-out counts
 };
 
 }  // namespace
