@@ -39,8 +39,8 @@ bool add_policy_type(PyObject* module);
 /// false with ConfigError set for an unknown name or option or a value out of range.
 bool native_build_policy(const char* name, int32_t num_blocks, PyObject* options,
                          std::unique_ptr<Policy>* out);
-/// A buffer to read ``obj`` through (see module.cpp); ``input``: may be a readable copy.
-PyObject* native_buffer_source(PyObject* obj, const char* what, bool input);
+/// A buffer to read ``obj`` through (see module.cpp).
+PyObject* native_buffer_source(PyObject* obj, const char* what);
 /// ``item`` as an int if it is one (a Python int or a numpy integer, never a bool); false
 /// otherwise. ``*overflow`` is set when it lies outside int64.
 bool native_list_int(PyObject* item, long long* value, int* overflow);

@@ -201,13 +201,41 @@ inline int64_t element(const void* buf, Py_ssize_t i, Py_ssize_t itemsize, bool 
   }
 }
 
-// A 1-D C-contiguous integer buffer of ``obj`` (``writable`` for outputs), or
+// ``obj`` as a C-contiguous native-order numpy copy; nullptr with an error set.
+PyObject* native_order_copy(PyObject* obj) {
+  PyObject* numpy = PyImport_ImportModule("numpy");
+  if (!numpy) return nullptr;
+  PyObject* array = PyObject_CallMethod(numpy, "ascontiguousarray", "O", obj);
+  Py_DECREF(numpy);
+  if (!array) return nullptr;
+  PyObject* dtype = PyObject_GetAttrString(array, "dtype");
+  PyObject* native = dtype ? PyObject_CallMethod(dtype, "newbyteorder", "s", "=") : nullptr;
+  PyObject* copy = native ? PyObject_CallMethod(array, "astype", "O", native) : nullptr;
+  Py_XDECREF(native);
+  Py_XDECREF(dtype);
+  Py_DECREF(array);
+  return copy;
+}
+
+// A 1-D C-contiguous integer buffer of ``obj`` (``writable`` for outputs; an input that
+// is strided or in the other byte order is read through a native-order copy), or
 // an InvalidTensorError. The caller releases the view.
 bool get_int_buffer(PyObject* obj, Py_buffer* view, bool writable, const char* what,
                     IntFormat* format) {
   int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT;
   if (writable) flags |= PyBUF_WRITABLE;
-  if (PyObject_GetBuffer(obj, view, flags) != 0) {
+  bool got = PyObject_GetBuffer(obj, view, flags) == 0;
+  const bool swapped = got && view->format && (view->format[0] == '>' || view->format[0] == '!');
+  if (!writable && (!got || swapped)) {
+    // An input read elsewhere than in place (strided, or in the other byte order): a
+    // native-order copy, as the Python engine's np.asarray reads it. Outputs never.
+    if (got) PyBuffer_Release(view);
+    PyErr_Clear();
+    PyObject* copy = native_order_copy(obj);
+    got = copy && PyObject_GetBuffer(copy, view, flags) == 0;
+    Py_XDECREF(copy);  // the view keeps the copy alive
+  }
+  if (!got) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
     PyObject* text = value ? PyObject_Str(value) : nullptr;
@@ -253,43 +281,13 @@ bool is_numpy_scalar(PyObject* item) {
 
 }  // namespace
 
-namespace {
-
-// An input buffer the parsers cannot read in place (strided, or in the other byte order) as
-// a C-contiguous native-order copy made by numpy, as the Python engine's np.asarray reads
-// it; ``obj`` itself otherwise. New reference, or nullptr with an error set.
-PyObject* readable_copy(PyObject* obj) {
-  Py_buffer view;
-  if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
-    const bool swapped = view.format && (view.format[0] == '>' || view.format[0] == '!');
-    PyBuffer_Release(&view);
-    if (!swapped) return Py_NewRef(obj);
-  } else {
-    PyErr_Clear();
-  }
-  PyObject* numpy = PyImport_ImportModule("numpy");
-  if (!numpy) return nullptr;
-  PyObject* array = PyObject_CallMethod(numpy, "ascontiguousarray", "O", obj);
-  Py_DECREF(numpy);
-  if (!array) return nullptr;
-  PyObject* dtype = PyObject_GetAttrString(array, "dtype");
-  PyObject* native = dtype ? PyObject_CallMethod(dtype, "newbyteorder", "s", "=") : nullptr;
-  PyObject* copy = native ? PyObject_CallMethod(array, "astype", "O", native) : nullptr;
-  Py_XDECREF(native);
-  Py_XDECREF(dtype);
-  Py_DECREF(array);
-  return copy;
-}
-
-}  // namespace
-
-// ``obj`` itself when it exports a buffer (an input one read in place: see readable_copy);
-// a CPU torch tensor's ``numpy()`` view (same memory) otherwise; nullptr with no error set
+// ``obj`` itself when it exports a buffer; a CPU torch tensor's ``numpy()`` view (same
+// memory) otherwise; nullptr with no error set
 // when it is neither (bytes, bytearray and str are text, never IDs or tokens), or with
 // InvalidTensorError set when ``numpy()`` refuses (a device tensor).
-PyObject* native_buffer_source(PyObject* obj, const char* what, bool input) {
+PyObject* native_buffer_source(PyObject* obj, const char* what) {
   if (PyBytes_Check(obj) || PyByteArray_Check(obj) || PyUnicode_Check(obj)) return nullptr;
-  if (PyObject_CheckBuffer(obj)) return input ? readable_copy(obj) : Py_NewRef(obj);
+  if (PyObject_CheckBuffer(obj)) return Py_NewRef(obj);
   if (PyList_Check(obj) || PyTuple_Check(obj)) return nullptr;
   PyObject* method = PyObject_GetAttrString(obj, "numpy");
   if (!method) {
@@ -306,10 +304,7 @@ PyObject* native_buffer_source(PyObject* obj, const char* what, bool input) {
                                          "tensor is never read back)");
     return nullptr;
   }
-  if (!input) return array;
-  PyObject* readable = readable_copy(array);
-  Py_DECREF(array);
-  return readable;
+  return array;
 }
 
 namespace {
@@ -348,7 +343,7 @@ bool parse_ids(PyObject* obj, int32_t num_usable, std::vector<int32_t>& out,
     }
     return true;
   }
-  PyObject* source = native_buffer_source(obj, what, true);
+  PyObject* source = native_buffer_source(obj, what);
   if (!source) {
     if (!PyErr_Occurred()) {
       raise(ErrorKind::kInvalidTensor, std::string(what) + " must be an integer array, a "

@@ -393,7 +393,7 @@ bool parse_tokens(EngineObject* self, PyObject* obj, Tokens* out) {
     out->count = narrowed.size();
     return true;
   }
-  PyObject* source = native_buffer_source(obj, "tokens", true);
+  PyObject* source = native_buffer_source(obj, "tokens");
   if (!source) {
     if (!PyErr_Occurred()) {
       native_raise(ErrorKind::kInvalidArgument,
@@ -442,7 +442,7 @@ FASTCALL(engine_admit_request) {
   // out_row first: its conversion may run Python code (a tensor's numpy()) that calls
   // back into this engine, which reuses the scratch buffer parse_tokens fills. Nothing of
   // the engine is held across a conversion; the exported row buffer stays valid.
-  PyObject* source = native_buffer_source(bound[1], "out_row", false);
+  PyObject* source = native_buffer_source(bound[1], "out_row");
   if (!source) {
     if (!PyErr_Occurred()) {
       native_raise(ErrorKind::kInvalidTensor, std::string("out_row must be an int32 array, got ") +
