@@ -38,6 +38,7 @@ from prefixcache.errors import (
     InvalidTensorError,
     InvariantError,
     PrefixCacheError,
+    ReentrantCallError,
     ReferenceCountError,
 )
 from prefixcache.serving.block_table import BlockTable
@@ -69,6 +70,7 @@ __all__ = [
     "KVBlockAllocator",
     "KVCache",
     "PrefixCacheError",
+    "ReentrantCallError",
     "ReferenceCountError",
     "RoutingStore",
     "blocks_for_memory_budget",

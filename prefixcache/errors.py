@@ -17,7 +17,8 @@ Hierarchy::
     │   └── HashConflictError       a block already carries another hash
     ├── CapacityError               not enough room
     │   └── BudgetExceededError     the active or paused budget would overflow
-    └── InvariantError              internal corruption found by check_invariants()
+    ├── InvariantError              internal corruption found by check_invariants()
+    └── ReentrantCallError          a call began while another on the same object ran
 """
 
 from __future__ import annotations
@@ -65,3 +66,14 @@ class BudgetExceededError(CapacityError):
 
 class InvariantError(PrefixCacheError, AssertionError):
     """``check_invariants()`` found internal state that breaks a documented invariant."""
+
+
+class ReentrantCallError(PrefixCacheError, RuntimeError):
+    """A call into a native engine or policy began while another call on it was running.
+
+    Python code can run in the middle of a native call (an argument's ``__index__``,
+    ``numpy()`` or ``__len__``, a finaliser run by the garbage collector); if it calls
+    back into the same object, the outer call would go on with buffers and state the
+    inner call changed. The native engine refuses the inner call instead, before it
+    changes anything, and the outer call finishes as if it had not happened.
+    """

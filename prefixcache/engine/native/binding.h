@@ -45,6 +45,52 @@ PyObject* native_buffer_source(PyObject* obj, const char* what);
 /// otherwise. ``*overflow`` is set when it lies outside int64.
 bool native_list_int(PyObject* item, long long* value, int* overflow);
 
+/// Refuses a call that begins while another call on the same object is running. Python code
+/// can run inside a native call (an argument's __index__, numpy() or __len__, a finaliser run
+/// by the garbage collector); if it called back into the same engine or policy, the outer
+/// call would go on with scratch buffers and state the inner call changed. The guard holds
+/// the object's flag for the outer call's life; an inner call raises ReentrantCallError
+/// before it changes anything.
+class CallGuard {
+ public:
+  explicit CallGuard(bool* busy) : busy_(busy), admitted_(!*busy) {
+    if (admitted_) {
+      *busy_ = true;
+    } else {
+      native_raise(ErrorKind::kReentrantCall,
+                   "a call into this native object began while another call on it was "
+                   "running (Python code run during that call called back in); refused, "
+                   "nothing changed");
+    }
+  }
+  ~CallGuard() {
+    if (admitted_) *busy_ = false;
+  }
+  CallGuard(const CallGuard&) = delete;
+  CallGuard& operator=(const CallGuard&) = delete;
+  bool admitted() const { return admitted_; }
+
+ private:
+  bool* busy_;
+  bool admitted_;
+};
+
+/// ``F`` (METH_O, METH_NOARGS or METH_VARARGS) behind ``Object``'s CallGuard.
+template <typename Object, PyObject* (*F)(PyObject*, PyObject*)>
+PyObject* guarded(PyObject* self, PyObject* arg) {
+  CallGuard guard(&reinterpret_cast<Object*>(self)->busy);
+  return guard.admitted() ? F(self, arg) : nullptr;
+}
+
+/// ``F`` (METH_FASTCALL | METH_KEYWORDS) behind ``Object``'s CallGuard.
+template <typename Object,
+          PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t, PyObject*)>
+PyObject* guarded_fast(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                       PyObject* kwnames) {
+  CallGuard guard(&reinterpret_cast<Object*>(self)->busy);
+  return guard.admitted() ? F(self, args, nargs, kwnames) : nullptr;
+}
+
 }  // namespace prefixcache
 
 #endif  // PREFIXCACHE_ENGINE_NATIVE_BINDING_H_

@@ -41,6 +41,7 @@ enum class ErrorKind {
   kCapacity,
   kBudgetExceeded,
   kInvariant,
+  kReentrantCall,
 };
 
 struct EngineError {

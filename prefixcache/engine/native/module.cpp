@@ -29,20 +29,28 @@ namespace {
 
 // ------------------------------------------------------------------ errors
 
-PyObject* g_errors[9] = {};  // by ErrorKind
+PyObject* g_errors[10] = {};  // by ErrorKind
 
 PyObject* raise(ErrorKind kind, const std::string& message) {
   PyErr_SetString(g_errors[static_cast<int>(kind)], message.c_str());
   return nullptr;
 }
 
+// Whether the pending error is a refused re-entry (CallGuard): a conversion's Python code
+// called back into the object. It is kept as the call's error rather than replaced by the
+// conversion's own "bad argument" message, which would hide the cause.
+bool reentry_pending() {
+  return PyErr_ExceptionMatches(g_errors[static_cast<int>(ErrorKind::kReentrantCall)]) != 0;
+}
+
 bool load_errors() {
   PyObject* module = PyImport_ImportModule("prefixcache.errors");
   if (!module) return false;
-  const char* names[9] = {"InvalidArgumentError", "InvalidBlockIdError", "InvalidTensorError",
-                          "BlockStateError",      "ReferenceCountError", "HashConflictError",
-                          "CapacityError",        "BudgetExceededError", "InvariantError"};
-  for (int i = 0; i < 9; ++i) {
+  const char* names[10] = {"InvalidArgumentError", "InvalidBlockIdError", "InvalidTensorError",
+                           "BlockStateError",      "ReferenceCountError", "HashConflictError",
+                           "CapacityError",        "BudgetExceededError", "InvariantError",
+                           "ReentrantCallError"};
+  for (int i = 0; i < 10; ++i) {
     g_errors[i] = PyObject_GetAttrString(module, names[i]);
     if (!g_errors[i]) {
       Py_DECREF(module);
@@ -230,11 +238,13 @@ bool get_int_buffer(PyObject* obj, Py_buffer* view, bool writable, const char* w
     // An input read elsewhere than in place (strided, or in the other byte order): a
     // native-order copy, as the Python engine's np.asarray reads it. Outputs never.
     if (got) PyBuffer_Release(view);
+    if (!got && reentry_pending()) return false;
     PyErr_Clear();
     PyObject* copy = native_order_copy(obj);
     got = copy && PyObject_GetBuffer(copy, view, flags) == 0;
     Py_XDECREF(copy);  // the view keeps the copy alive
   }
+  if (!got && reentry_pending()) return false;
   if (!got) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
@@ -291,11 +301,12 @@ PyObject* native_buffer_source(PyObject* obj, const char* what) {
   if (PyList_Check(obj) || PyTuple_Check(obj)) return nullptr;
   PyObject* method = PyObject_GetAttrString(obj, "numpy");
   if (!method) {
-    PyErr_Clear();
+    if (!reentry_pending()) PyErr_Clear();
     return nullptr;
   }
   PyObject* array = PyObject_CallNoArgs(method);
   Py_DECREF(method);
+  if (!array && reentry_pending()) return nullptr;
   if (!array || !PyObject_CheckBuffer(array)) {
     Py_XDECREF(array);  // the only reference: nothing of it is returned
     PyErr_Clear();
@@ -445,6 +456,7 @@ bool parse_count(PyObject* obj, const char* what, int64_t* out, bool* huge) {
   }
   PyObject* number = PyNumber_Index(obj);
   if (!number) {
+    if (reentry_pending()) return false;
     PyErr_Clear();
     raise(ErrorKind::kInvalidArgument, std::string(what) + " must be an int");
     return false;

@@ -25,6 +25,7 @@ struct EngineObject {
   std::vector<int32_t>* tokens;    // tokens narrowed to int32
   int64_t block_size;
   uint64_t root;
+  bool busy;  // a call is running (CallGuard)
 };
 
 #define GUARD(...)                                             \
@@ -60,6 +61,8 @@ void engine_dealloc(PyObject* py_self) {
 }
 
 int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
+  CallGuard guard(&self_of(py_self)->busy);  // no re-initialising from inside a call
+  if (!guard.admitted()) return -1;
   static const char* keywords[] = {"total_count", "paused_count", "policy", "track_changes",
                                    "block_size", "root_hash", "lowest_first", "page_size",
                                    "policy_options", nullptr};
@@ -439,9 +442,9 @@ FASTCALL(engine_admit_request) {
       !native_bind_args("admit_request", args, nargs, kwnames, names, 2, 2, bound)) {
     return nullptr;
   }
-  // out_row first: its conversion may run Python code (a tensor's numpy()) that calls
-  // back into this engine, which reuses the scratch buffer parse_tokens fills. Nothing of
-  // the engine is held across a conversion; the exported row buffer stays valid.
+  // out_row first, then tokens into the scratch buffer. A conversion may run Python code
+  // (a tensor's numpy()); the CallGuard refuses any call back into this engine, so the
+  // scratch buffer and the engine stay as this call left them.
   PyObject* source = native_buffer_source(bound[1], "out_row");
   if (!source) {
     if (!PyErr_Occurred()) {
@@ -782,50 +785,59 @@ PyGetSetDef g_getset[] = {
 };
 
 #define FAST(fn) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fn))
+// Every method runs behind the engine's CallGuard (binding.h): no re-entry.
+#define ENTER(fn) guarded<EngineObject, fn>
+#define ENTER_FAST(fn) FAST((guarded_fast<EngineObject, fn>))
 
 PyMethodDef g_methods[] = {
-    {"allocate", engine_allocate, METH_O, "allocate(num_blocks) -> BlockIds | None"},
-    {"set_retention", engine_set_retention, METH_VARARGS,
+    {"allocate", ENTER(engine_allocate), METH_O, "allocate(num_blocks) -> BlockIds | None"},
+    {"set_retention", ENTER(engine_set_retention), METH_VARARGS,
      "set_retention(block_hash, priority, expires_at=None): forwarded to the policy"},
-    {"has_retention", engine_has_retention, METH_NOARGS,
+    {"has_retention", ENTER(engine_has_retention), METH_NOARGS,
      "has_retention() -> bool: whether the policy keeps retention priorities"},
-    {"release", FAST(engine_release), METH_FASTCALL | METH_KEYWORDS,
+    {"release", ENTER_FAST(engine_release), METH_FASTCALL | METH_KEYWORDS,
      "release(block_ids, paused=False)"},
-    {"release_request", engine_release_request, METH_O, "release_request(block_ids)"},
-    {"open_group", engine_open_group, METH_NOARGS, "open_group()"},
-    {"close_group", engine_close_group, METH_NOARGS, "close_group()"},
-    {"lookup", engine_lookup, METH_O, "lookup(block_hashes) -> BlockIds"},
-    {"take_hit", FAST(engine_take_hit), METH_FASTCALL | METH_KEYWORDS,
+    {"release_request", ENTER(engine_release_request), METH_O,
+     "release_request(block_ids)"},
+    {"open_group", ENTER(engine_open_group), METH_NOARGS, "open_group()"},
+    {"close_group", ENTER(engine_close_group), METH_NOARGS, "close_group()"},
+    {"lookup", ENTER(engine_lookup), METH_O, "lookup(block_hashes) -> BlockIds"},
+    {"take_hit", ENTER_FAST(engine_take_hit), METH_FASTCALL | METH_KEYWORDS,
      "take_hit(block_ids, num_queried, acquire)"},
-    {"acquire", engine_acquire, METH_O, "acquire(block_ids)"},
-    {"register", FAST(engine_register), METH_FASTCALL | METH_KEYWORDS,
+    {"acquire", ENTER(engine_acquire), METH_O, "acquire(block_ids)"},
+    {"register", ENTER_FAST(engine_register), METH_FASTCALL | METH_KEYWORDS,
      "register(block_ids, block_hashes, parent_hash=None) -> (holds, new) as bytes of 0/1"},
-    {"block_of", engine_block_of, METH_O, "block_of(block_hash) -> int | None"},
-    {"hash_of", engine_hash_of, METH_O, "hash_of(block_id) -> int | None"},
-    {"registered_chains", engine_registered_chains, METH_NOARGS,
+    {"block_of", ENTER(engine_block_of), METH_O, "block_of(block_hash) -> int | None"},
+    {"hash_of", ENTER(engine_hash_of), METH_O, "hash_of(block_id) -> int | None"},
+    {"registered_chains", ENTER(engine_registered_chains), METH_NOARGS,
      "registered_chains() -> [(hash, parent hash or None)], parents first"},
-    {"admit_request", FAST(engine_admit_request), METH_FASTCALL | METH_KEYWORDS,
+    {"admit_request", ENTER_FAST(engine_admit_request), METH_FASTCALL | METH_KEYWORDS,
      "admit_request(tokens, out_row) -> number of blocks served from cache"},
-    {"hash_tokens", engine_hash_tokens, METH_O, "hash_tokens(tokens) -> list of block hashes"},
-    {"move", FAST(engine_move), METH_FASTCALL | METH_KEYWORDS, "move(block_ids, to_paused)"},
-    {"touch", engine_touch, METH_O, "touch(block_ids)"},
-    {"relocate", FAST(engine_relocate), METH_FASTCALL | METH_KEYWORDS,
+    {"hash_tokens", ENTER(engine_hash_tokens), METH_O,
+     "hash_tokens(tokens) -> list of block hashes"},
+    {"move", ENTER_FAST(engine_move), METH_FASTCALL | METH_KEYWORDS,
+     "move(block_ids, to_paused)"},
+    {"touch", ENTER(engine_touch), METH_O, "touch(block_ids)"},
+    {"relocate", ENTER_FAST(engine_relocate), METH_FASTCALL | METH_KEYWORDS,
      "relocate(sources, destinations, check_only=False): move each source's state to its "
      "free destination (check_only: only refuse what relocate would)"},
-    {"evict", engine_evict, METH_O, "evict(num_blocks) -> number freed"},
-    {"advance_clock", engine_advance_clock, METH_O, "advance_clock(ticks) -> clock"},
-    {"reference_counts", engine_reference_counts, METH_O,
+    {"evict", ENTER(engine_evict), METH_O, "evict(num_blocks) -> number freed"},
+    {"advance_clock", ENTER(engine_advance_clock), METH_O, "advance_clock(ticks) -> clock"},
+    {"reference_counts", ENTER(engine_reference_counts), METH_O,
      "reference_counts(block_ids) -> (active, paused)"},
-    {"describe_state", engine_describe_state, METH_O, "describe_state(block_id) -> str"},
-    {"take_changes", engine_take_changes, METH_NOARGS,
+    {"describe_state", ENTER(engine_describe_state), METH_O,
+     "describe_state(block_id) -> str"},
+    {"take_changes", ENTER(engine_take_changes), METH_NOARGS,
      "take_changes() -> (freed BlockIds, removed hashes)"},
-    {"reset", engine_reset, METH_NOARGS, "reset()"},
-    {"find_problems", engine_find_problems, METH_NOARGS, "find_problems() -> [str]"},
-    {"free_ids", engine_free_ids, METH_NOARGS,
+    {"reset", ENTER(engine_reset), METH_NOARGS, "reset()"},
+    {"find_problems", ENTER(engine_find_problems), METH_NOARGS,
+     "find_problems() -> [str]"},
+    {"free_ids", ENTER(engine_free_ids), METH_NOARGS,
      "free_ids() -> BlockIds, bottom of the stack first (lowest-first mode: descending)"},
-    {"counters", engine_counters, METH_NOARGS,
+    {"counters", ENTER(engine_counters), METH_NOARGS,
      "counters() -> (allocated, released, queried, hits, evicted, dropped, clock)"},
-    {"memory_bytes", engine_memory_bytes, METH_NOARGS, "memory_bytes() -> host bytes held"},
+    {"memory_bytes", ENTER(engine_memory_bytes), METH_NOARGS,
+     "memory_bytes() -> host bytes held"},
     {nullptr, nullptr, 0, nullptr},
 };
 

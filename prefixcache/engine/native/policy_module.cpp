@@ -27,6 +27,7 @@ struct PolicyObject {
   PyObject_HEAD
   Policy* policy;
   int32_t num_blocks;
+  bool busy;  // a call is running (CallGuard)
 };
 
 PyObject* g_config_error = nullptr;
@@ -65,6 +66,8 @@ bool check_tracked(PyObject* self, long long block_id, bool tracked) {
   }
 
 int policy_init(PyObject* self, PyObject* args, PyObject* kwargs) {
+  CallGuard guard(&reinterpret_cast<PolicyObject*>(self)->busy);  // no re-init inside a call
+  if (!guard.admitted()) return -1;
   static const char* names[] = {"name", "num_blocks", "options", nullptr};
   const char* name = nullptr;
   int num_blocks = 0;
@@ -252,21 +255,25 @@ PyObject* module_policy_names(PyObject*, PyObject*) {
   return list;
 }
 
+// Every method runs behind the policy's CallGuard (binding.h): no re-entry.
+#define ENTER(fn) guarded<PolicyObject, fn>
+
 PyMethodDef g_policy_methods[] = {
-    {"insert", policy_insert, METH_VARARGS,
+    {"insert", ENTER(policy_insert), METH_VARARGS,
      "insert(block_id, block_hash, last_access, num_accesses, depth)"},
-    {"discard", policy_discard, METH_O, "discard(block_id); KeyError if untracked"},
-    {"touch", policy_touch, METH_VARARGS, "touch(block_id, now); KeyError if untracked"},
-    {"evict", policy_evict, METH_O, "evict(n) -> list: up to n victims, one evict(1) each"},
-    {"evicts_first", policy_evicts_first, METH_VARARGS,
+    {"discard", ENTER(policy_discard), METH_O, "discard(block_id); KeyError if untracked"},
+    {"touch", ENTER(policy_touch), METH_VARARGS, "touch(block_id, now); KeyError if untracked"},
+    {"evict", ENTER(policy_evict), METH_O, "evict(n) -> list: up to n victims, one evict(1) each"},
+    {"evicts_first", ENTER(policy_evicts_first), METH_VARARGS,
      "evicts_first(block_id, block_hash, last_access, num_accesses, depth) -> bool"},
-    {"relocate", policy_relocate, METH_VARARGS,
+    {"relocate", ENTER(policy_relocate), METH_VARARGS,
      "relocate(old_id, new_id, block_hash, last_access, num_accesses, depth)"},
-    {"on_register", policy_on_register, METH_VARARGS, "on_register(block_hashes, first_depth)"},
-    {"set_retention", policy_set_retention, METH_VARARGS,
+    {"on_register", ENTER(policy_on_register), METH_VARARGS,
+     "on_register(block_hashes, first_depth)"},
+    {"set_retention", ENTER(policy_set_retention), METH_VARARGS,
      "set_retention(block_hash, priority, expires_at=None)"},
-    {"clear", policy_clear, METH_NOARGS, "clear(): forget everything"},
-    {"memory_bytes", policy_memory_bytes, METH_NOARGS, "memory_bytes() -> int"},
+    {"clear", ENTER(policy_clear), METH_NOARGS, "clear(): forget everything"},
+    {"memory_bytes", ENTER(policy_memory_bytes), METH_NOARGS, "memory_bytes() -> int"},
     {nullptr, nullptr, 0, nullptr},
 };
 
