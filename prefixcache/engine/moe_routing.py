@@ -131,6 +131,10 @@ class MoERoutingMethods:
                     f"routing must be on the CPU (copy it off the device first), "
                     f"got {routing.device}"
                 )
+            if routing.dtype.is_floating_point or routing.dtype.is_complex:
+                # numpy has no bfloat16 (its .numpy() raises a bare TypeError); every float
+                # dtype is refused alike: expert IDs are integers.
+                raise InvalidTensorError(f"routing must have an integer dtype, got {routing.dtype}")
             return routing.detach().numpy()
         if isinstance(routing, np.ndarray):
             return routing

@@ -162,14 +162,14 @@ def to_hash_list(block_hashes: Any, what: str, max_hash: int = INT64_MAX) -> lis
     """Hashes as a list of Python ints in ``[-2**63, max_hash]``.
 
     From a sequence of ints (numpy integers taken, bools refused) or a 1-D
-    integer tensor/array.
+    integer tensor, array or memoryview (read as an array, so its shape is checked).
 
     Raises:
         InvalidTensorError: not a sequence or 1-D integer tensor/array, or an
             element that is not an int.
         InvalidArgumentError: a hash outside ``[-2**63, max_hash]``.
     """
-    if isinstance(block_hashes, (torch.Tensor, np.ndarray)):
+    if isinstance(block_hashes, (torch.Tensor, np.ndarray, memoryview)):
         array = to_int_array(block_hashes, what)
         if array.dtype == np.uint64 and array.size and int(array.max()) > max_hash:
             raise InvalidArgumentError(f"{what} holds {int(array.max())}, above {max_hash}")

@@ -84,6 +84,15 @@ def test_routing_calls_say_exactly_what_is_wrong(make_small: Make) -> None:
             lambda: allocator.store_block_routing(held, torch.ones((1, 1, 1), device="meta")),
             r"routing must be on the CPU \(copy it off the device first\), got meta",
         ),
+        (
+            # numpy has no bfloat16: refused as a dtype, never a bare TypeError from .numpy()
+            lambda: allocator.store_block_routing(held, _rows(1).to(torch.bfloat16)),
+            "routing must have an integer dtype, got torch.bfloat16",
+        ),
+        (
+            lambda: allocator.store_routing_per_block(_rows(1).float(), [held], [0]),
+            "routing must have an integer dtype, got torch.float32",
+        ),
         (lambda: allocator.get_block_routing(99), r"block_id holds block 99, outside \[0, 9\)"),
         (
             lambda: allocator.reconstruct_routing_from_blocks([held], "2"),

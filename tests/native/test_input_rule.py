@@ -112,7 +112,17 @@ def release(allocator: KVBlockAllocator, value: object) -> object:
     return allocator.get_total_used(), allocator.reference_counts(list(range(8)))[0]
 
 
-CALLS = {"admit-tokens": admit_tokens, "admit-row": admit_row, "release": release}
+def match(allocator: KVBlockAllocator, value: object) -> object:
+    allocator.admit_request(list(range(10)), np.zeros(8, dtype=np.int32))
+    return allocator.match_prefix(value), allocator.get_total_used()
+
+
+CALLS = {
+    "admit-tokens": admit_tokens,
+    "admit-row": admit_row,
+    "release": release,
+    "match-hashes": match,
+}
 
 
 @pytest.mark.parametrize("values", list(VALUE_SETS), ids=str)
