@@ -28,6 +28,12 @@ prefix_queried_tokens          counter  tokens   prompt tokens of ``match_prefix
                                                  ``prefix_cache_queries``)
 prefix_hit_tokens              counter  tokens   tokens of the blocks found cached (vLLM's
                                                  ``prefix_cache_hits``)
+prefix_preempted_queried_      counter  tokens   tokens looked up by requests resuming after
+tokens                                           preemption (``resumed=True``): counted apart
+                                                 from the two above (vLLM's
+                                                 ``prefix_cache_queries`` for preempted)
+prefix_preempted_hit_tokens    counter  tokens   of those, tokens found cached (their own
+                                                 blocks, mostly)
 prefix_queried_blocks          counter  blocks   full blocks looked up
 prefix_hit_blocks              counter  blocks   of those, blocks found cached
 evicted_blocks                 counter  blocks   cached blocks freed for room, label ``policy``
@@ -75,6 +81,8 @@ COUNTERS = frozenset(
     {
         "prefix_queried_tokens",
         "prefix_hit_tokens",
+        "prefix_preempted_queried_tokens",
+        "prefix_preempted_hit_tokens",
         "prefix_queried_blocks",
         "prefix_hit_blocks",
         "evicted_blocks",
@@ -98,6 +106,10 @@ _HELP = {
     "block_size_tokens": "Tokens per KV-cache block",
     "prefix_queried_tokens": "Prompt tokens looked up by match_prefix, partial last block included",
     "prefix_hit_tokens": "Prompt tokens found in cached blocks",
+    "prefix_preempted_queried_tokens": "Prompt tokens looked up by requests resuming after "
+    "preemption (not in prefix_queried_tokens)",
+    "prefix_preempted_hit_tokens": "Tokens of resuming requests found cached "
+    "(not in prefix_hit_tokens)",
     "prefix_queried_blocks": "Full prompt blocks looked up by match_prefix",
     "prefix_hit_blocks": "Looked-up blocks found cached",
     "evicted_blocks": "Cached blocks evicted for room",
@@ -153,6 +165,8 @@ def collect(
         "kv_cache_usage_ratio": held / stats.num_usable,
         "prefix_queried_tokens": stats.num_queried_tokens,
         "prefix_hit_tokens": stats.num_hit_tokens,
+        "prefix_preempted_queried_tokens": stats.num_preempted_queried_tokens,
+        "prefix_preempted_hit_tokens": stats.num_preempted_hit_tokens,
         "prefix_queried_blocks": stats.num_queried_blocks,
         "prefix_hit_blocks": stats.num_hit_blocks,
         "evicted_blocks": stats.num_evicted_blocks,

@@ -85,3 +85,23 @@ def test_counter_keys_are_collected_keys(busy: KVBlockAllocator) -> None:
 
     keys = set(collect(busy, FakePublisher()))  # type: ignore[arg-type]
     assert keys >= COUNTERS
+
+
+def test_a_resumed_request_counts_in_the_preempted_counters_only(busy: KVBlockAllocator) -> None:
+    before = collect(busy)
+    busy.match_prefix([100, 101, 102], resumed=True)  # its own blocks: no cache hit
+    values = collect(busy)
+    assert (values["prefix_hit_tokens"], values["prefix_queried_tokens"]) == (8, 12)
+    assert (before["prefix_preempted_queried_tokens"], before["prefix_preempted_hit_tokens"]) == (
+        0,
+        0,
+    )
+    assert (values["prefix_preempted_queried_tokens"], values["prefix_preempted_hit_tokens"]) == (
+        12,
+        12,
+    )
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    PrometheusExporter(busy, registry=registry)
+    assert registry.get_sample_value("prefixcache_prefix_preempted_hit_tokens_total") == 12
+    assert registry.get_sample_value("prefixcache_prefix_hit_tokens_total") == 8
