@@ -7,7 +7,10 @@ every public method of :class:`KVBlockAllocator` with hostile arguments:
 integers at and past the 64-bit edges (``+-2**63``, ``2**64``), bools, numpy
 scalars, floats, None, strings, empty and huge lists, duplicate IDs, IDs not
 held, IDs of the wrong partition, stale and forged defragmentation plans, a
-copy callback that raises. After every call:
+copy callback that raises, arguments whose ``numpy()`` / ``__index__`` raise,
+return garbage or call back into the allocator. Half the programs build the
+allocator with no collaborator, so on the native engine the request path is
+the extension's own methods, bound straight to C. After every call:
 
 - a call that raises must raise the library's error (a bare ``TypeError``,
   ``OverflowError``... fails the test) and leave :func:`state_digest` as it
@@ -102,6 +105,47 @@ tokens_st = st.one_of(
 """Token IDs: small alphabets so prompts share prefixes, and hostile ones."""
 
 
+class Converts:
+    """A tensor-like argument whose ``numpy()`` and ``__index__`` misbehave on purpose.
+
+    ``raise`` raises a bare RuntimeError, ``none`` / ``garbage`` return what is no
+    buffer or int, ``reenter`` calls back into the allocator first (the native engine
+    refuses with ReentrantCallError, which propagates), ``reenter-swallow`` calls back,
+    ignores the refusal and returns ``value``. The native engine converts through
+    ``numpy()``; the Python engine refuses such an object as a wrong type.
+    """
+
+    BEHAVIOURS = ("raise", "none", "garbage", "reenter", "reenter-swallow")
+
+    def __init__(self, behaviour: str, value: Any, reenter: Any) -> None:
+        self.behaviour = behaviour
+        self.value = value
+        self.reenter = reenter
+
+    def _convert(self) -> Any:
+        if self.behaviour == "raise":
+            raise RuntimeError("conversion failed")
+        if self.behaviour == "none":
+            return None
+        if self.behaviour == "garbage":
+            return "garbage"
+        try:
+            self.reenter(1)
+        except PrefixCacheError:
+            if self.behaviour == "reenter":
+                raise
+        return self.value
+
+    def numpy(self) -> Any:
+        return self._convert()
+
+    def __index__(self) -> int:
+        return int(self._convert())
+
+    def __repr__(self) -> str:
+        return f"Converts({self.behaviour!r}, {self.value!r})"
+
+
 def lock_is_free(lock: Any) -> bool:
     """Whether another thread can take ``lock`` now (an RLock's owner always could)."""
     taken: list[bool] = []
@@ -124,8 +168,22 @@ class HostileMachine(RuleBasedStateMachine):
     engine = "python"
     locked = False
 
-    @initialize(policy=st.sampled_from(["lru", "fifo", "ref_zero"]), verify=st.booleans())
-    def build(self, policy: str, verify: bool) -> None:
+    @initialize(
+        policy=st.sampled_from(["lru", "fifo", "ref_zero"]),
+        verify=st.booleans(),
+        fused=st.booleans(),
+    )
+    def build(self, policy: str, verify: bool, fused: bool) -> None:
+        # fused: no collaborator (events, routing, fingerprints) watches the request path, so
+        # on the native engine admit_request / release_request / allocate_block_ids are the
+        # extension's own methods, bound straight to C (engine/request_path.py).
+        collaborators: dict[str, Any] = {
+            "kv_events_capacity": 64,
+            "verify_prefix_hits": verify,
+            "routing_num_layers": NUM_LAYERS,
+            "routing_top_k": TOP_K,
+            "routing_num_experts": NUM_EXPERTS,
+        }
         self.allocator = KVBlockAllocator(
             total_count=TOTAL_COUNT,
             paused_count=PAUSED_COUNT,
@@ -133,11 +191,7 @@ class HostileMachine(RuleBasedStateMachine):
             eviction_policy=policy,
             device="cpu",
             engine=self.engine,
-            kv_events_capacity=64,
-            verify_prefix_hits=verify,
-            routing_num_layers=NUM_LAYERS,
-            routing_top_k=TOP_K,
-            routing_num_experts=NUM_EXPERTS,
+            **({} if fused else collaborators),
         )
         self.target: Any = ThreadSafeAllocator(self.allocator) if self.locked else self.allocator
         self.verify = verify
@@ -429,6 +483,28 @@ class HostileMachine(RuleBasedStateMachine):
         outcome = self.call("admit_request", tokens, row)
         if isinstance(outcome, PrefixCacheError) and kept is not None:
             assert np.array_equal(row, kept), "a refused admit_request wrote its row"
+
+    @rule(
+        data=st.data(),
+        method=st.sampled_from(["admit_request", "release_request", "allocate_block_ids"]),
+        behaviour=st.sampled_from(list(Converts.BEHAVIOURS)),
+    )
+    def hostile_conversions(self, data: st.DataObject, method: str, behaviour: str) -> None:
+        """An argument whose ``numpy()`` / ``__index__`` raises, returns garbage or re-enters."""
+        active, _ = self.counts()
+        reenter = self.target.allocate_block_ids
+        if method == "admit_request":
+            tokens = data.draw(st.lists(st.integers(0, 3), max_size=9), label="tokens")
+            row = np.zeros(8, dtype=np.int32)
+            if data.draw(st.booleans(), label="hostile row"):
+                self.call(method, tokens, Converts(behaviour, row, reenter))
+            else:
+                self.call(method, Converts(behaviour, np.array(tokens), reenter), row)
+        elif method == "release_request":
+            ids = self.some_refs(data, active, "ids")
+            self.call(method, Converts(behaviour, np.array(ids, dtype=np.int32), reenter))
+        else:
+            self.call(method, Converts(behaviour, data.draw(st.integers(0, 3)), reenter))
 
     @rule(
         data=st.data(),
