@@ -10,13 +10,19 @@ freed memory, which ASan reports in ``.ci/sanitize``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 import numpy as np
 import pytest
 
-from prefixcache import InvalidTensorError, KVBlockAllocator, ReentrantCallError
+from prefixcache import (
+    InvalidTensorError,
+    KVBlockAllocator,
+    PrefixCacheError,
+    ReentrantCallError,
+)
 from prefixcache.engine.native_engine import native_available
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native engine is not built")
@@ -113,3 +119,55 @@ def test_a_conversion_that_reenters_the_allocator_does_not_corrupt_the_outer_cal
         assert allocator.match_prefix([block_hash]).tolist() == [block_id]
     allocator.check_invariants()
     assert allocator.get_active_used() == 3
+
+
+def test_every_engine_method_leaves_its_arguments_refcounts_as_they_were() -> None:
+    """Each method of ``_native.Engine``, called many times, successes and refusals alike."""
+    from prefixcache.engine import _native  # here: the module is absent when not built
+
+    ids, hashes = np.array([2, 3], dtype=np.int32), [11, 12]
+    tokens, row = np.arange(9, dtype=np.int64), np.zeros(8, dtype=np.int32)
+    bad = [1, "x"]  # refused mid-list
+    calls: list[tuple[str, tuple[object, ...]]] = [
+        ("allocate", (2,)),
+        ("release", (ids,)),
+        ("release_request", (ids,)),
+        ("acquire", (ids,)),
+        ("touch", (ids,)),
+        ("move", (ids, True)),
+        ("lookup", (hashes,)),
+        ("take_hit", (ids, 2, True)),
+        ("register", (ids, hashes)),
+        ("block_of", (11,)),
+        ("hash_of", (2,)),
+        ("reference_counts", (ids,)),
+        ("describe_state", (2,)),
+        ("relocate", (ids, np.array([20, 21], dtype=np.int32))),
+        ("evict", (1,)),
+        ("advance_clock", (1,)),
+        ("hash_tokens", (tokens,)),
+        ("admit_request", (tokens, row)),
+        ("registered_chains", ()),
+        ("counters", ()),
+        ("free_ids", ()),
+        ("take_changes", ()),
+        ("find_problems", ()),
+        ("memory_bytes", ()),
+        ("release", (bad,)),
+        ("lookup", (bad,)),
+        ("admit_request", (bad, row)),
+    ]
+    methods = {name for name in dir(_native.Engine) if not name.startswith("_")}
+    attributes = {"num_free", "num_active", "num_paused", "num_holding_paused", "num_cached"}
+    attributes |= {"num_registered", "clock", "num_usable", "paused_count", "active_count"}
+    attributes |= {"group_depth", "block_size", "root_hash", "retains_unreferenced"}
+    untested = {"reset", "open_group", "close_group", "set_retention", "has_retention"}
+    assert methods - attributes - untested == {name for name, _ in calls}
+    for name, args in calls:
+        engine = _native.Engine(32, 4, "lru", True, block_size=4)
+        engine.allocate(4)
+        before = [sys.getrefcount(arg) for arg in args]
+        for _ in range(50):
+            with contextlib.suppress(PrefixCacheError):
+                getattr(engine, name)(*args)
+        assert [sys.getrefcount(arg) for arg in args] == before, name
