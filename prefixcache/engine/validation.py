@@ -23,6 +23,7 @@ prefixcache.errors.InvalidArgumentError: verify must be a bool, got 1
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Mapping
 from typing import TypeGuard
 
 import numpy as np
@@ -35,7 +36,9 @@ __all__ = [
     "is_int",
     "require_flag",
     "require_fraction",
+    "require_hashable",
     "require_int",
+    "require_int_list",
     "require_positive_number",
 ]
 
@@ -105,6 +108,50 @@ def require_int(
         if (minimum is None or number >= minimum) and (maximum is None or number <= maximum):
             return number
     raise error(f"{name} must be {_expected(minimum, maximum)}, got {value!r}")
+
+
+def require_int_list(
+    values: object, name: str, *, error: type[InvalidArgumentError] = InvalidArgumentError
+) -> list[int]:
+    """``values`` (any iterable of ints by :func:`is_int`) as a list of Python ints.
+
+    A single int, a string, bytes or a mapping is refused rather than iterated:
+    each is a caller passing the wrong thing, not a list.
+
+    >>> require_int_list((np.int64(2), 3), "slots")
+    [2, 3]
+    >>> require_int_list(3, "slots")
+    Traceback (most recent call last):
+        ...
+    prefixcache.errors.InvalidArgumentError: slots must be a sequence of ints, got int
+
+    Raises:
+        InvalidArgumentError: (or ``error``) not an iterable, or an item that is not an int.
+
+    Complexity: O(len(values)).
+    """
+    if isinstance(values, (str, bytes, bytearray, Mapping)) or not isinstance(values, Iterable):
+        raise error(f"{name} must be a sequence of ints, got {type(values).__name__}")
+    items = list(values)
+    for item in items:
+        if not is_int(item):
+            raise error(f"{name} must hold only ints, got {item!r}")
+    return [int(item) for item in items]
+
+
+def require_hashable(value: object, name: str) -> Hashable:
+    """``value`` if it can key a dict (a request ID), else :class:`InvalidArgumentError`.
+
+    Raises:
+        InvalidArgumentError: ``hash(value)`` raises ``TypeError`` (a list, a dict).
+
+    Complexity: O(1) for the usual keys (``hash`` of a tuple is O(len)).
+    """
+    try:
+        hash(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be hashable, got {type(value).__name__}") from None
+    return value
 
 
 def require_flag(

@@ -65,8 +65,12 @@ class WeightEpochs:
         return self._tags[epoch]
 
     def is_retired(self, epoch: int) -> bool:
-        """Whether ``epoch`` is older than the current one. Complexity: O(1)."""
-        return epoch < self.current
+        """Whether ``epoch`` is older than the current one. Complexity: O(1).
+
+        Raises:
+            InvalidArgumentError: ``epoch`` is not an int >= 0.
+        """
+        return require_int(epoch, "epoch", minimum=0) < self.current
 
     def hash_keys(self, epoch: int | None = None) -> tuple[object, ...]:
         """Extra hash keys of ``epoch`` (default: the current), for the chain's root.

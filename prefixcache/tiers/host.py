@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from prefixcache.engine.events import KVCacheEvent, KVEventLog
-from prefixcache.engine.validation import require_int
+from prefixcache.engine.validation import require_int, require_int_list
 from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.policies import EvictionPolicy, UnknownPolicyError
 from prefixcache.policies import get as get_policy
@@ -118,20 +120,28 @@ class HostTier:
         return len(self._slot_of)
 
     def __contains__(self, block_hash: object) -> bool:
-        return block_hash in self._slot_of
+        return _is_hash(block_hash) and block_hash in self._slot_of
 
     def slot_of(self, block_hash: int) -> int | None:
-        """The slot holding ``block_hash``, or None. Complexity: O(1)."""
-        return self._slot_of.get(block_hash)
+        """The slot holding ``block_hash``, or None. Complexity: O(1).
 
-    def lookup(self, block_hashes: list[int]) -> list[int]:
+        Raises:
+            InvalidArgumentError: ``block_hash`` is not an int.
+        """
+        return self._slot_of.get(_require_hash(block_hash, "block_hash"))
+
+    def lookup(self, block_hashes: Iterable[int]) -> list[int]:
         """Slots of the longest leading run of ``block_hashes`` held here, live epochs only.
 
         Changes nothing (the counters move in :meth:`count_query`).
-        Complexity: O(run length) dict lookups.
+        Complexity: O(len(block_hashes)) checks, O(run length) dict lookups.
+
+        Raises:
+            InvalidArgumentError: not a sequence of int hashes.
         """
+        hashes = [_require_hash(h, "block_hashes item") for h in _iterable(block_hashes)]
         slots = []
-        for block_hash in block_hashes:
+        for block_hash in hashes:
             slot = self._slot_of.get(block_hash)
             if slot is None or self._entry(slot).epoch < self._live_from:
                 break
@@ -139,7 +149,13 @@ class HostTier:
         return slots
 
     def count_query(self, num_queried: int, num_hit: int) -> None:
-        """Count a match that asked for ``num_queried`` hashes and promoted ``num_hit``."""
+        """Count a match that asked for ``num_queried`` hashes and promoted ``num_hit``.
+
+        Raises:
+            InvalidArgumentError: not ints with ``0 <= num_hit <= num_queried``.
+        """
+        num_queried = require_int(num_queried, "num_queried", minimum=0)
+        num_hit = require_int(num_hit, "num_hit", minimum=0, maximum=num_queried)
         self._num_queried += num_queried
         self._num_hit += num_hit
 
@@ -155,10 +171,14 @@ class HostTier:
         dropped first, then the policy's victim; pinned slots are never taken.
 
         Raises:
-            InvalidArgumentError: ``depth`` or ``epoch`` is not an int >= 0.
+            InvalidArgumentError: a hash that is not an int (``parent_hash`` may be
+                None), or ``depth`` or ``epoch`` not an int >= 0.
 
         Complexity: O(1) plus the policy's insert and, when full, its evict.
         """
+        block_hash = _require_hash(block_hash, "block_hash")
+        if parent_hash is not None:
+            parent_hash = _require_hash(parent_hash, "parent_hash")
         depth = require_int(depth, "depth", minimum=0)
         epoch = require_int(epoch, "epoch", minimum=0)
         held = self._slot_of.get(block_hash)
@@ -215,7 +235,7 @@ class HostTier:
             InvalidArgumentError: a slot is not pinned as often as it is listed (checked
                 first: nothing changes).
         """
-        listed = [require_int(slot, "slot") for slot in slots]
+        listed = require_int_list(slots, "slots")
         asked: dict[int, int] = {}
         for slot in listed:
             asked[slot] = asked.get(slot, 0) + 1
@@ -313,7 +333,7 @@ class HostTier:
 
     def _held_slots(self, slots: Iterable[int]) -> list[int]:
         """``slots`` as a list, each checked to hold an entry, before anything changes."""
-        checked = [require_int(slot, "slot") for slot in slots]
+        checked = require_int_list(slots, "slots")
         for slot in checked:
             self._entry(slot)
         return checked
@@ -385,3 +405,22 @@ def _build_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
 
 
 __all__ = ["MEDIUM_CPU", "UNUSABLE_POLICIES", "HostTier", "HostTierStats"]
+
+
+def _is_hash(value: object) -> bool:
+    """An int (Python's or numpy's, never a bool) of any width: hashes may pass 64 bits."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _require_hash(value: object, name: str) -> int:
+    """``value`` as a Python int if it is a hash (:func:`_is_hash`), else an error."""
+    if not _is_hash(value):
+        raise InvalidArgumentError(f"{name} must be an int, got {value!r}")
+    return int(value)  # type: ignore[call-overload]
+
+
+def _iterable(values: object) -> Iterable[object]:
+    """``values`` if it is a sequence of items (never a str, bytes or a single int)."""
+    if isinstance(values, (str, bytes, bytearray, dict)) or not isinstance(values, Iterable):
+        raise InvalidArgumentError(f"block_hashes must be a sequence, got {type(values).__name__}")
+    return values

@@ -15,13 +15,14 @@ DESIGN.md, "Tiers".
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from prefixcache.engine.block_ids import to_int_array
+from prefixcache.engine.validation import require_hashable
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.tiers.range_keys import RangeKey, range_keyed_hashes
 from prefixcache.tiers.tiered import TieredCache
@@ -126,7 +127,11 @@ class RequestCache:
 
         Complexity: O(prompt tokens) hashing plus O(blocks) bookkeeping.
         """
-        old = self._requests.get(request_id)
+        old = self._requests.get(require_hashable(request_id, "request_id"))
+        if isinstance(ranges, (str, bytes)) or not isinstance(ranges, Iterable):
+            raise InvalidArgumentError(
+                f"ranges must be a sequence of RangeKey, got {type(ranges).__name__}"
+            )
         if old is not None and old.running:
             raise InvalidArgumentError(f"request {request_id!r} is already running")
         if tokens is None:
@@ -272,13 +277,13 @@ class RequestCache:
         return list(self._running(request_id).hashes)
 
     def _known(self, request_id: Hashable) -> _Request:
-        request = self._requests.get(request_id)
+        request = self._requests.get(require_hashable(request_id, "request_id"))
         if request is None:
             raise InvalidArgumentError(f"request {request_id!r} is unknown")
         return request
 
     def _running(self, request_id: Hashable) -> _Request:
-        request = self._requests.get(request_id)
+        request = self._requests.get(require_hashable(request_id, "request_id"))
         if request is None or not request.running:
             raise InvalidArgumentError(f"request {request_id!r} is not running")
         return request
