@@ -32,7 +32,9 @@ _PLAIN_INT = frozenset({int})
 
 _TORCH_INTEGER_DTYPES = frozenset(
     {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32}
+    | ({torch.uint64} if hasattr(torch, "uint64") else set())
 )
+"""Tensor dtypes read as IDs: every integer width numpy arrays are read in, uint64 included."""
 
 
 def to_int_array(values: BlockIdsLike, what: str) -> np.ndarray:

@@ -352,6 +352,10 @@ def _array_to_int32(array: np.ndarray) -> np.ndarray:
         raise InvalidTensorError(f"tokens array must have an integer dtype, got {dtype}")
     if dtype.itemsize < 4 or (dtype.itemsize == 4 and dtype.kind == "i"):
         return np.ascontiguousarray(array, dtype="<i4")  # every value fits; no copy if <i4
+    if not dtype.isnative:
+        # numpy 2.4's same_value cast misses an overflow from a byte-swapped source
+        # (>u4 4294967295 became -1): cast from native order.
+        array = array.astype(dtype.newbyteorder("="))
     if _HAS_SAME_VALUE_CAST:
         # One pass that casts and refuses changed values: 0.2 us against 1.7 us
         # for min() + max() on a decode-sized array (bench_hashing.py, "variants").

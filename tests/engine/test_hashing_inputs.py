@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from prefixcache import KVBlockAllocator
 from prefixcache.engine import hashing
 from prefixcache.engine.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
 from prefixcache.errors import InvalidArgumentError, InvalidTensorError
@@ -140,3 +141,11 @@ def test_the_same_value_cast_is_detected_from_numpy_2_4() -> None:
     # numpy version, or the one-pass range check would be silently skipped.
     major, minor = (int(part) for part in np.__version__.split(".")[:2])
     assert hashing._numpy_has_same_value_cast() is ((major, minor) >= (2, 4))
+
+
+def test_a_byte_swapped_token_past_int32_is_refused_not_wrapped() -> None:
+    """numpy 2.4's same_value cast missed the overflow from a big-endian source (-1 hashed)."""
+    allocator = KVBlockAllocator(total_count=8, block_size_tokens=2, device="cpu", engine="python")
+    for dtype in (">u4", ">u8", ">i8"):
+        with pytest.raises(InvalidArgumentError, match="outside the int32 range"):
+            allocator.hash_tokens(np.array([1, 4294967295], dtype=dtype))

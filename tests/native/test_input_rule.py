@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixcache import KVBlockAllocator, PrefixCacheError
 from prefixcache.engine.native_engine import native_available
@@ -148,3 +150,46 @@ def test_block_counts_follow_one_rule(count: object) -> None:
         for engine in ("python", "native")
     ]
     assert results[0] == results[1] and results[0][0] != "BARE", results
+
+
+DTYPES = [
+    *(np.dtype(f"{order}{kind}{size}") for order in "<>" for kind in "iu" for size in (1, 2, 4, 8)),
+    np.dtype(bool),
+    np.dtype(np.float32),
+    np.dtype(">f8"),
+]
+"""Every integer width in both byte orders, and the dtypes the rule refuses."""
+
+
+@st.composite
+def buffers(draw: st.DrawFn) -> np.ndarray:
+    """An array as a caller might build one: any dtype, byte order, shape, stride, writability."""
+    dtype = draw(st.sampled_from(DTYPES), label="dtype")
+    values = draw(st.lists(st.integers(-3, 40), max_size=6), label="values")
+    base = np.array(values, dtype=np.int64).astype(dtype)
+    layout = draw(st.sampled_from(["flat", "strided", "reversed", "2-d", "fortran", "0-d"]))
+    if layout == "strided":
+        base = np.repeat(base, 2)[::2]
+    elif layout == "reversed":
+        base = base[::-1]
+    elif layout == "2-d":
+        base = base.reshape(1, -1)
+    elif layout == "fortran":
+        base = np.asfortranarray(np.stack([base, base])) if base.size else base
+    elif layout == "0-d":
+        base = base[:1].reshape(()) if base.size else base
+    base.flags.writeable = draw(st.booleans(), label="writable")
+    return base
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(array=buffers(), call=st.sampled_from(sorted(CALLS)), as_tensor=st.booleans())
+def test_generated_buffers_follow_one_rule(array: np.ndarray, call: str, as_tensor: bool) -> None:
+    """Generated arrays (and their tensors) through every call: one outcome, never bare."""
+    value: object = array
+    if as_tensor and array.dtype.isnative and array.dtype.kind in "iub":
+        value = torch.from_numpy(array.copy())  # torch has no big-endian or read-only views
+    results = [
+        outcome(lambda e=engine: CALLS[call](build(e), value)) for engine in ("python", "native")
+    ]
+    assert results[0] == results[1] and "BARE" not in (results[0][0], results[1][0]), results

@@ -209,11 +209,12 @@ inline int64_t element(const void* buf, Py_ssize_t i, Py_ssize_t itemsize, bool 
   }
 }
 
-// ``obj`` as a C-contiguous native-order numpy copy; nullptr with an error set.
+// ``obj`` as a C-contiguous native-order numpy copy of the same shape (numpy.array, not
+// ascontiguousarray, which would make a 0-d array 1-d); nullptr with an error set.
 PyObject* native_order_copy(PyObject* obj) {
   PyObject* numpy = PyImport_ImportModule("numpy");
   if (!numpy) return nullptr;
-  PyObject* array = PyObject_CallMethod(numpy, "ascontiguousarray", "O", obj);
+  PyObject* array = PyObject_CallMethod(numpy, "array", "O", obj);
   Py_DECREF(numpy);
   if (!array) return nullptr;
   PyObject* dtype = PyObject_GetAttrString(array, "dtype");
