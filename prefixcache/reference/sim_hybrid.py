@@ -1,8 +1,8 @@
 """HybridBatchingSim: the reference dynamic-batching loop for a hybrid model, checked exactly.
 
-:class:`~prefixcache.serving.sim.DynamicBatchingSim` serves a full-attention model
+:class:`~prefixcache.reference.sim.DynamicBatchingSim` serves a full-attention model
 through one allocator and one block table. This loop serves a
-:class:`~prefixcache.serving.toy_hybrid.ToyHybridModel` through its
+:class:`~prefixcache.reference.toy_hybrid.ToyHybridModel` through its
 :class:`~prefixcache.serving.hybrid.HybridMemory`, and so exercises every hybrid piece:
 
 - **prefix hits** restore KV blocks in every layer group *and* the recurrent state
@@ -21,7 +21,7 @@ through one allocator and one block table. This loop serves a
 Decoding is deterministic: each request takes the token of rank ``sample_rank`` in
 its logits (0: greedy). With ``verify`` (the default), every finished request's
 outputs at every position it computed are compared with
-:meth:`~prefixcache.serving.toy_hybrid.ToyHybridModel.forward_reference`, a run of
+:meth:`~prefixcache.reference.toy_hybrid.ToyHybridModel.forward_reference`, a run of
 the same model with no cache at all, by ``torch.equal``: a wrong block, a state not
 restored, a tail written while shared, any of them raises
 :class:`~prefixcache.errors.InvariantError`. See DESIGN.md, "Hybrid models".
@@ -40,8 +40,8 @@ import torch
 from prefixcache.engine.hashing import compute_block_hashes
 from prefixcache.engine.validation import is_int, require_flag, require_int
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError, InvariantError
+from prefixcache.reference.toy_hybrid import ToyHybridModel
 from prefixcache.serving.hybrid import HybridRequest
-from prefixcache.serving.toy_hybrid import ToyHybridModel
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ class HybridBatchingSim:
     requests (a prefix hit over every group and a checkpointed state), then
     computes decode tokens first and prefill chunks after them under
     ``step_token_budget`` tokens, one
-    :meth:`~prefixcache.serving.toy_hybrid.ToyHybridModel.forward_cached` per
+    :meth:`~prefixcache.reference.toy_hybrid.ToyHybridModel.forward_cached` per
     request and chunk. A step in which no request can get its blocks
     requeues the newest running request. Finished requests leave a
     :class:`HybridOutput` in :attr:`outputs`. Not thread-safe.

@@ -1,4 +1,4 @@
-"""What the serving loop needs around :class:`~prefixcache.serving.model.TinyDecoder`.
+"""What the serving loop needs around :class:`~prefixcache.reference.model.TinyDecoder`.
 
 - :class:`PagedBatch` is the layout of one step that the paged forward reads;
   :func:`build_paged_batch` builds it from a step's work (which tokens of which
@@ -28,7 +28,7 @@ from prefixcache.errors import InvalidArgumentError
 from prefixcache.serving.block_table import BlockTable
 
 if TYPE_CHECKING:  # the model imports the batch layout from here
-    from prefixcache.serving.model import TinyDecoder
+    from prefixcache.reference.model import TinyDecoder
 
 _TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.05}
 
@@ -39,7 +39,7 @@ def logits_tolerance(dtype: torch.dtype) -> float:
     The paged and dense forwards reduce in different shapes (a step's batch, a
     padded gather), so they agree to rounding, not bit for bit: measured at
     about 1e-14 in float64 and 1e-6 in float32 on logits of order 1 (see
-    ``tests/serving/test_model_serving.py``); the bounds leave a wide margin.
+    ``tests/reference/test_model_serving.py``); the bounds leave a wide margin.
 
     Complexity: O(1).
     """

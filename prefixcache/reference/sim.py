@@ -25,16 +25,16 @@ written into a :class:`~prefixcache.serving.kv_cache.KVCache` at prefill and dec
 on every prefix hit the matched blocks are gathered and compared with freshly
 computed values, and a mismatch raises :class:`~prefixcache.errors.InvariantError`.
 
-With ``model=`` a :class:`~prefixcache.serving.model.TinyDecoder` the loop serves
+With ``model=`` a :class:`~prefixcache.reference.model.TinyDecoder` the loop serves
 a real forward pass instead: one paged forward per step over its decode tokens
 and prefill chunks, greedy tokens, MoE routing stored per block and replayed on
-prefix hits, and a :class:`~prefixcache.serving.model_serving.RequestOutput` per
+prefix hits, and a :class:`~prefixcache.reference.model_serving.RequestOutput` per
 finished request that
-:func:`~prefixcache.serving.model_serving.compare_with_reference` checks against
+:func:`~prefixcache.reference.model_serving.compare_with_reference` checks against
 the dense model (DESIGN.md, "Serving a model").
 
 Hybrid models (linear-attention state, sliding windows, forks sharing a partial block)
-are served by :class:`~prefixcache.serving.sim_hybrid.HybridBatchingSim`, the same loop
+are served by :class:`~prefixcache.reference.sim_hybrid.HybridBatchingSim`, the same loop
 over a :class:`~prefixcache.serving.hybrid.HybridMemory` (DESIGN.md, "Hybrid models").
 
 >>> requests = [
@@ -68,16 +68,16 @@ from prefixcache.errors import (
     InvalidArgumentError,
     InvariantError,
 )
-from prefixcache.serving.block_table import BlockTable
-from prefixcache.serving.kv_cache import KVCache
-from prefixcache.serving.model import TinyDecoder
-from prefixcache.serving.model_serving import (
+from prefixcache.reference.model import TinyDecoder
+from prefixcache.reference.model_serving import (
     RequestOutput,
     StepEntry,
     build_paged_batch,
     logits_tolerance,
 )
-from prefixcache.serving.trace import trace_block_hashes
+from prefixcache.reference.trace import trace_block_hashes
+from prefixcache.serving.block_table import BlockTable
+from prefixcache.serving.kv_cache import KVCache
 
 VOCAB_SIZE = 1 << 15
 """Synthetic tokens (trace prompts, generated tokens) lie in ``[0, VOCAB_SIZE)``."""
@@ -184,7 +184,7 @@ class SimRequest:
 
         Trace IDs are small ints (0 included, a sentinel to the allocator).
         They are chained into allocator hashes with
-        :func:`~prefixcache.serving.trace.trace_block_hashes`, so equal ID prefixes give
+        :func:`~prefixcache.reference.trace.trace_block_hashes`, so equal ID prefixes give
         equal hashes and nothing else does.
 
         Args:
@@ -383,16 +383,16 @@ class DynamicBatchingSim:
     The allocator, table and cache are public attributes so tests and users can
     inspect them between steps (``sim.allocator.check_invariants()``).
 
-    **Model mode** (``model=`` a :class:`~prefixcache.serving.model.TinyDecoder`):
+    **Model mode** (``model=`` a :class:`~prefixcache.reference.model.TinyDecoder`):
     each step runs one paged forward over the step's decode tokens and prefill
     chunks, reading and writing K/V through the KV cache by the block table's
     IDs; decoding is greedy (the first generated token comes from the prompt's
     last position, each decode step feeds the previous choice). The MoE routing
     of every computed token is stored per block in the allocator, and a prefix
     hit replays the stored routing for the tokens it skips. Each finished
-    request leaves a :class:`~prefixcache.serving.model_serving.RequestOutput`
+    request leaves a :class:`~prefixcache.reference.model_serving.RequestOutput`
     in :attr:`outputs`, which
-    :func:`~prefixcache.serving.model_serving.compare_with_reference` checks
+    :func:`~prefixcache.reference.model_serving.compare_with_reference` checks
     against the dense forward. Trace requests get synthetic prompt tokens
     (modulo the vocabulary), a function of their block hashes as before.
 
@@ -914,7 +914,7 @@ class DynamicBatchingSim:
 
         For showing that the checks can fail: a later prefix hit on the block
         serves K/V that no forward computed, which ``verify`` reports at the hit
-        and :func:`~prefixcache.serving.model_serving.compare_with_reference`
+        and :func:`~prefixcache.reference.model_serving.compare_with_reference`
         reports in the outputs. Changes nothing but the cache.
 
         Raises:

@@ -21,7 +21,7 @@ Two forwards compute the same function:
   :class:`~prefixcache.serving.block_table.BlockTable`: it writes the step's
   K/V with :meth:`KVCache.write`, then gathers each request's blocks and attends
   over them with a mask (gather-based paged attention). The step's layout is
-  host metadata (:class:`~prefixcache.serving.model_serving.PagedBatch`), so
+  host metadata (:class:`~prefixcache.reference.model_serving.PagedBatch`), so
   the forward never reads a device value back: the same code runs on CUDA
   without a host sync.
 
@@ -45,8 +45,8 @@ import torch
 from prefixcache.engine.pool import resolve_device
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError
+from prefixcache.reference.model_serving import PagedBatch, PrefillChunk
 from prefixcache.serving.kv_cache import KVCache
-from prefixcache.serving.model_serving import PagedBatch, PrefillChunk
 
 
 @dataclass(frozen=True)
