@@ -20,12 +20,8 @@ from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.reference.model import TinyDecoder
-from prefixcache.reference.model_serving import (
-    RequestOutput,
-    StepEntry,
-    build_paged_batch,
-    logits_tolerance,
-)
+from prefixcache.reference.model_serving import RequestOutput, logits_tolerance
+from prefixcache.reference.paged_batch import StepEntry, build_paged_batch
 from prefixcache.reference.sim_requests import SimConfig, _Sequence
 from prefixcache.serving.block_table import BlockTable
 from prefixcache.serving.kv_cache import KVCache
