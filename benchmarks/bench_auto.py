@@ -33,7 +33,7 @@ from pathlib import Path
 os.environ.setdefault("PREFIXCACHE_ENGINE", "python")  # every policy on the same engine
 
 from prefixcache import policies
-from prefixcache.serving.trace import TraceRequest, load_mooncake_trace
+from prefixcache.reference.trace import TraceRequest, load_mooncake_trace
 from prefixcache.tools import workloads
 from prefixcache.tools.replay import OPTIMUM_POLICY, replay
 

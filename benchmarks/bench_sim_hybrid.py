@@ -1,7 +1,7 @@
 """The hybrid serving loop end to end: what it reuses, and what the exact check costs.
 
 One workload (requests sharing a system prompt, arriving over time, every fourth one
-forked into a second sample) served by :func:`prefixcache.serving.sim_hybrid.run_hybrid`
+forked into a second sample) served by :func:`prefixcache.reference.sim_hybrid.run_hybrid`
 twice in one process, without and with ``verify``, on a toy hybrid model (full,
 sliding-window and indexer attention groups, linear-attention layers). Prints what the
 run reused (prefix hit rate, states restored from checkpoints, copy-on-write copies) and
@@ -26,11 +26,11 @@ from machine import cpu_model  # benchmarks/machine.py, beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
+from prefixcache.reference.sim_hybrid import HybridSimReport, HybridSimRequest, run_hybrid
+from prefixcache.reference.toy_hybrid import ToyHybridModel
 from prefixcache.serving.hybrid import build_hybrid_memory
 from prefixcache.serving.layer_groups import LayerGroupSpec
-from prefixcache.serving.sim_hybrid import HybridSimReport, HybridSimRequest, run_hybrid
 from prefixcache.serving.state_pool import StateShape
-from prefixcache.serving.toy_hybrid import ToyHybridModel
 
 VOCAB = 64
 

@@ -50,13 +50,13 @@ import torch
 from machine import cpu_model
 
 from prefixcache import KVBlockAllocator
-from prefixcache.serving.kv_cache import KVCache
-from prefixcache.serving.trace import (
+from prefixcache.reference.trace import (
     TRACE_BLOCK_SIZE,
     TraceRequest,
     load_mooncake_trace,
     trace_block_hashes,
 )
+from prefixcache.serving.kv_cache import KVCache
 from prefixcache.tiers import HostKVStore, HostTier, KVTransfer, TieredCache, replay_tiered
 from prefixcache.tiers.remote import RemoteTier, connect
 from prefixcache.tools import workloads

@@ -34,7 +34,7 @@ from bench_vllm_plugin import block_chains, traces, with_policy
 from machine import cpu_model
 
 from prefixcache.integrations import vllm as plugin
-from prefixcache.serving.trace import TraceRequest, trace_block_hashes
+from prefixcache.reference.trace import TraceRequest, trace_block_hashes
 from prefixcache.tools.replay import replay
 
 BLOCK_SIZE = 16

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model
 
 from prefixcache.integrations import vllm as plugin
-from prefixcache.serving.trace import (
+from prefixcache.reference.trace import (
     TraceRequest,
     load_mooncake_trace,
     sample_trace_path,

@@ -6,7 +6,7 @@ Run it from the repository root::
 
 The workload: a few system prompts shared by every conversation, and
 multi-turn conversations whose every turn repeats the whole history before
-adding a user message. The loop (:mod:`prefixcache.serving.sim`) admits requests with
+adding a user message. The loop (:mod:`prefixcache.reference.sim`) admits requests with
 a longest-prefix match, prefills in chunks, decodes, pauses requests when the
 pool runs dry and releases finished ones in a free group. With ``verify`` on,
 every prefix hit is checked against recomputed K/V.
@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 
 from prefixcache import policies
-from prefixcache.serving.sim import DynamicBatchingSim, SimConfig, SimRequest, run
+from prefixcache.reference.sim import DynamicBatchingSim, SimConfig, SimRequest, run
 
 BLOCK_SIZE = 16
 

@@ -14,10 +14,10 @@ Run: python examples/hybrid_model.py
 import torch
 
 from prefixcache.engine.hashing import compute_block_hashes
+from prefixcache.reference.toy_hybrid import ToyHybridModel
 from prefixcache.serving.hybrid import build_hybrid_memory
 from prefixcache.serving.layer_groups import LayerGroupSpec, first_needed_block
 from prefixcache.serving.state_pool import StateShape
-from prefixcache.serving.toy_hybrid import ToyHybridModel
 
 BLOCK_SIZE = 4
 WINDOW = 8  # tokens the sliding-window layers attend to

@@ -15,11 +15,11 @@ Run: python examples/hybrid_serving.py
 
 import torch
 
+from prefixcache.reference.sim_hybrid import HybridSimRequest, run_hybrid
+from prefixcache.reference.toy_hybrid import ToyHybridModel
 from prefixcache.serving.hybrid import build_hybrid_memory
 from prefixcache.serving.layer_groups import LayerGroupSpec
-from prefixcache.serving.sim_hybrid import HybridSimRequest, run_hybrid
 from prefixcache.serving.state_pool import StateShape
-from prefixcache.serving.toy_hybrid import ToyHybridModel
 
 memory = build_hybrid_memory(
     [

@@ -10,7 +10,7 @@ A few hundred requests of a trace family (:mod:`prefixcache.tools.workloads`,
 scaled from 512-token blocks down to ``--block-size``) arrive over time and are
 served by the dynamic-batching loop in model mode: a seeded 3-layer decoder
 with grouped-query attention, rotary positions and one mixture-of-experts layer
-(:mod:`prefixcache.serving.model`), whose attention reads and writes K/V only
+(:mod:`prefixcache.reference.model`), whose attention reads and writes K/V only
 through the block table and the KV cache that prefixcache manages. The loop
 batches prefill chunks and decodes, prefills only what the prefix cache misses,
 decodes greedily, pauses and evicts under memory pressure.
@@ -31,15 +31,15 @@ from dataclasses import dataclass
 
 import torch
 
-from prefixcache.serving.model import TinyDecoder, TinyDecoderConfig
-from prefixcache.serving.model_serving import (
+from prefixcache.reference.model import TinyDecoder, TinyDecoderConfig
+from prefixcache.reference.model_serving import (
     RequestOutput,
     compare_outputs,
     compare_with_reference,
     logits_tolerance,
 )
-from prefixcache.serving.sim import DynamicBatchingSim, SimConfig, SimRequest
-from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest
+from prefixcache.reference.sim import DynamicBatchingSim, SimConfig, SimRequest
+from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest
 from prefixcache.tools import workloads
 
 # Each family, shrunk so a few hundred requests run in seconds on a CPU (in trace blocks).

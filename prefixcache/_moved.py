@@ -1,9 +1,11 @@
 """Old module paths of the flat layout, kept importable with a DeprecationWarning.
 
-Round 2 moved the modules into layer subpackages (DESIGN.md, "Layers"). A
-meta-path finder maps each old name, for example ``prefixcache.allocator``, to
-its new module, so ``from prefixcache.allocator import KVBlockAllocator``
-keeps working and says where the name lives now. Remove in 0.3.
+Round 2 moved the modules into layer subpackages (DESIGN.md, "Layers"); issue
+30 moved the reference loops, the toy models and the trace model from
+``prefixcache.serving`` to ``prefixcache.reference``. A meta-path finder maps
+each old name, for example ``prefixcache.allocator``, to its new module, so
+``from prefixcache.allocator import KVBlockAllocator`` keeps working and says
+where the name lives now. Remove in 0.3.
 """
 
 from __future__ import annotations
@@ -32,13 +34,20 @@ MOVED_MODULES = {
     "prefixcache.types": "prefixcache.engine.types",
     "prefixcache.block_table": "prefixcache.serving.block_table",
     "prefixcache.kv_cache": "prefixcache.serving.kv_cache",
-    "prefixcache.sim": "prefixcache.serving.sim",
-    "prefixcache.trace": "prefixcache.serving.trace",
+    "prefixcache.sim": "prefixcache.reference.sim",
+    "prefixcache.trace": "prefixcache.reference.trace",
     "prefixcache.publisher": "prefixcache.wire.publisher",
     "prefixcache.metrics": "prefixcache.wire.metrics",
     "prefixcache.cli": "prefixcache.tools.cli",
     "prefixcache.replay": "prefixcache.tools.replay",
     "prefixcache.workloads": "prefixcache.tools.workloads",
+    # Issue 30 moved what verifies and demonstrates the library out of serving.
+    "prefixcache.serving.sim": "prefixcache.reference.sim",
+    "prefixcache.serving.sim_hybrid": "prefixcache.reference.sim_hybrid",
+    "prefixcache.serving.model": "prefixcache.reference.model",
+    "prefixcache.serving.model_serving": "prefixcache.reference.model_serving",
+    "prefixcache.serving.toy_hybrid": "prefixcache.reference.toy_hybrid",
+    "prefixcache.serving.trace": "prefixcache.reference.trace",
 }
 
 

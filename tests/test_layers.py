@@ -2,12 +2,17 @@
 
 The package is layered (DESIGN.md, "Layers")::
 
-    integrations -> tools -> cluster -> tiers -> serving, wire -> engine -> prefixcache.errors
-                                          \\-> prefixcache.policies (imports only itself)
+    integrations -> tools -> cluster -> tiers -> reference -> serving -> engine -> errors
+                                   \\-> wire ------------------------------^    \\
+                                                                                policies
 
-A layer may import the layers below it, never above or beside (serving and
-wire do not know each other); the package's own top-level modules
-(``prefixcache/__init__.py``, ``__main__``, ``_moved``) sit above everything.
+``errors`` is ``prefixcache.errors``; ``policies`` (``prefixcache.policies``)
+imports only itself. A layer may import the layers below it, never above or
+beside: wire sits beside tiers, reference and serving, which do not know it
+(cluster and above import all of them); reference sits below tiers because
+the tiered replay reads request traces (``reference/trace.py``). The
+package's own top-level modules (``prefixcache/__init__.py``, ``__main__``,
+``_moved``) sit above everything.
 Imports are read with :mod:`ast` from the source of every module, at module
 level and inside functions, ``TYPE_CHECKING`` blocks included (a type-only
 import of an upper layer is still knowledge of it); cycles are looked for in
@@ -41,15 +46,27 @@ MAY_IMPORT = {
     "policies": {"policies"},
     "engine": {"engine", "errors", "policies"},
     "serving": {"serving", "engine", "errors", "policies"},
+    "reference": {"reference", "serving", "engine", "errors", "policies"},
     "wire": {"wire", "engine", "errors", "policies"},
-    "tiers": {"tiers", "serving", "engine", "errors", "policies"},
-    "cluster": {"cluster", "tiers", "serving", "wire", "engine", "errors", "policies"},
-    "tools": {"tools", "cluster", "tiers", "serving", "wire", "engine", "errors", "policies"},
+    "tiers": {"tiers", "reference", "serving", "engine", "errors", "policies"},
+    "cluster": {"cluster", "tiers", "reference", "serving", "wire", "engine", "errors", "policies"},
+    "tools": {
+        "tools",
+        "cluster",
+        "tiers",
+        "reference",
+        "serving",
+        "wire",
+        "engine",
+        "errors",
+        "policies",
+    },
     "integrations": {
         "integrations",
         "tools",
         "cluster",
         "tiers",
+        "reference",
         "serving",
         "wire",
         "engine",
@@ -164,7 +181,7 @@ def test_the_reader_sees_every_kind_of_import() -> None:
     seen = {(found.in_function, found.type_checking) for found in ALL_IMPORTS}
     assert {(False, False), (True, False), (False, True)} <= seen
     tools = {found.target for found in ALL_IMPORTS if found.source == "prefixcache.tools.replay"}
-    assert "prefixcache.serving.sim" in tools  # "from prefixcache.serving import sim as loop"
+    assert "prefixcache.reference.sim" in tools  # "from prefixcache.reference import sim as loop"
 
 
 # ---------------------------------------------------------------------- the rule
@@ -186,8 +203,8 @@ def test_imports_point_down_the_layers() -> None:
 
 def test_the_rule_catches_an_upward_import() -> None:
     upward = [
-        Import("prefixcache.engine.pool", "prefixcache.serving.sim", 1, True, False),
-        Import("prefixcache.serving.sim", "prefixcache.wire.metrics", 1, False, True),
+        Import("prefixcache.engine.pool", "prefixcache.reference.sim", 1, True, False),
+        Import("prefixcache.reference.sim", "prefixcache.wire.metrics", 1, False, True),
         Import("prefixcache.policies.lru", "prefixcache.errors", 1, False, False),
         Import("prefixcache.engine.pool", "prefixcache", 1, False, False),
     ]

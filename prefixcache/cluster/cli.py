@@ -21,7 +21,7 @@ from prefixcache.cluster.dynamo import (
 from prefixcache.cluster.replay import ClusterResult, replay_cluster
 from prefixcache.cluster.routers import ROUTERS, PrefixAwareRouter
 from prefixcache.errors import InvalidArgumentError, PrefixCacheError
-from prefixcache.serving.trace import (
+from prefixcache.reference.trace import (
     TRACE_BLOCK_SIZE,
     TraceRequest,
     load_mooncake_trace,

@@ -1,7 +1,7 @@
 """Replaying a trace over many workers behind a router: which placement keeps prefixes hot.
 
 :func:`replay_cluster` models a deployment of N workers, each a
-:class:`~prefixcache.serving.sim.DynamicBatchingSim` (an allocator plus the reference
+:class:`~prefixcache.reference.sim.DynamicBatchingSim` (an allocator plus the reference
 dynamic-batching loop) holding ``total_capacity // N`` blocks, so runs with
 different N compare at a fixed total memory. All workers step in lockstep,
 one loop step per ``step_ms`` of trace time; a request is routed when it
@@ -11,7 +11,7 @@ The router learns what each worker holds only from the KV cache events the
 workers' allocators record (drained after every step), as a real router
 would.
 
->>> from prefixcache.serving.trace import TraceRequest
+>>> from prefixcache.reference.trace import TraceRequest
 >>> def request(i):  # three prompt families of 8 shared blocks, taken in turn
 ...     return TraceRequest(i * 100, 9 * 512, 4, (*range(100 * (i % 3), 100 * (i % 3) + 8), i))
 >>> trace = [request(i) for i in range(12)]
@@ -33,8 +33,8 @@ from prefixcache.cluster.routers import RouteQuery, Router, WorkerLoad, make_rou
 from prefixcache.engine.events import AllBlocksCleared
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import InvalidArgumentError
-from prefixcache.serving.sim import DynamicBatchingSim, SimConfig, SimRequest
-from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest
+from prefixcache.reference.sim import DynamicBatchingSim, SimConfig, SimRequest
+from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest
 
 __all__ = ["ClusterResult", "replay_cluster"]
 
@@ -124,7 +124,7 @@ def replay_cluster(
 ) -> ClusterResult:
     """Replay ``requests`` over ``num_workers`` simulated engines behind ``router``.
 
-    Each worker is a :class:`~prefixcache.serving.sim.DynamicBatchingSim` with
+    Each worker is a :class:`~prefixcache.reference.sim.DynamicBatchingSim` with
     ``total_capacity // num_workers`` blocks of ``TRACE_BLOCK_SIZE`` tokens
     and the knobs of :func:`~prefixcache.tools.replay.replay_concurrent`. Requests
     are routed at their arrival step (``timestamp_ms // step_ms``); after

@@ -1,6 +1,6 @@
 """A step loop that serves a mixed workload through every part of the tiers package at once.
 
-:class:`~prefixcache.serving.sim.DynamicBatchingSim` drives a bare allocator
+:class:`~prefixcache.reference.sim.DynamicBatchingSim` drives a bare allocator
 and lives in a lower layer, so this driver is its tiers-level sibling, built
 on the serving layer's public :class:`~prefixcache.serving.kv_cache.KVCache`
 and on :class:`~prefixcache.tiers.requests.RequestCache`: each step it may

@@ -8,7 +8,7 @@ bare allocator: blocks trimmed from the device are demoted to a host tier of
 blocks into the host tier has them promoted. With ``host_capacity=0`` the
 device hit rate equals ``replay``'s. See DESIGN.md, "Tiers".
 
->>> from prefixcache.serving.trace import TraceRequest
+>>> from prefixcache.reference.trace import TraceRequest
 >>> a, b = TraceRequest(0, 1024, 1, (1, 2)), TraceRequest(5, 1024, 1, (3, 4))
 >>> result = replay_tiered([a, b, a], capacity=2, host_capacity=8)
 >>> result.device_hit_blocks, result.host_hit_blocks, result.prompt_blocks
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.validation import require_int
-from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
+from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
 from prefixcache.tiers.host import HostTier
 from prefixcache.tiers.tiered import TieredCache
 

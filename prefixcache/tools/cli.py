@@ -15,7 +15,7 @@ Both replay the no-concurrency model of :mod:`prefixcache.tools.replay`
 (``replay --host-capacity`` puts a host tier behind the device pool, as
 :func:`prefixcache.tiers.replay_tiered` does, and reports hit rates per tier);
 ``compare --concurrency`` replays through the dynamic-batching loop of
-``prefixcache.serving.sim`` instead.
+``prefixcache.reference.sim`` instead.
 
 Every argument is checked before any replay starts: the trace is read and
 parsed whole, sizes are checked against this machine's memory, the plot's
@@ -38,7 +38,7 @@ from typing import NoReturn
 from prefixcache import policies
 from prefixcache.cluster import add_cluster_arguments, cluster_main
 from prefixcache.errors import InvalidArgumentError, PrefixCacheError
-from prefixcache.serving.trace import TraceRequest, load_mooncake_trace, sample_trace_path
+from prefixcache.reference.trace import TraceRequest, load_mooncake_trace, sample_trace_path
 from prefixcache.tiers import UNUSABLE_POLICIES, TieredReplayResult, replay_tiered
 from prefixcache.tools.compare_report import results_table, share_table, write_plot
 from prefixcache.tools.replay import (
@@ -155,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     many.add_argument(
         "--concurrency",
         action="store_true",
-        help="replay through the dynamic-batching loop of prefixcache.serving.sim",
+        help="replay through the dynamic-batching loop of prefixcache.reference.sim",
     )
     add_cluster_arguments(many)
     many.set_defaults(handler=_run_compare)
@@ -386,7 +386,9 @@ def _run_compare(args: argparse.Namespace) -> int:
     names = args.policies if args.policies is not None else tuple(policies.available())
     names = (*(name for name in names if name != OPTIMUM_POLICY), OPTIMUM_POLICY)
     if args.concurrency and not _has_sim():
-        print("prefixcache: error: concurrency mode needs prefixcache.serving.sim", file=sys.stderr)
+        print(
+            "prefixcache: error: concurrency mode needs prefixcache.reference.sim", file=sys.stderr
+        )
         return 1
     run = replay_concurrent if args.concurrency else replay
     path, requests = args.trace_path, args.requests
@@ -408,16 +410,16 @@ def _run_compare(args: argparse.Namespace) -> int:
 _MODES = {
     False: "one request at a time; hit rate = prompt blocks hit / prompt blocks",
     True: (
-        "with concurrency (prefixcache.serving.sim); capacity = pool blocks; "
+        "with concurrency (prefixcache.reference.sim); capacity = pool blocks; "
         "hit rate = prompt tokens served from cache / prompt tokens"
     ),
 }
 
 
 def _has_sim() -> bool:
-    """Whether the optional dynamic-batching loop ``prefixcache.serving.sim`` can be imported."""
+    """Whether the optional dynamic-batching loop ``prefixcache.reference.sim`` can be imported."""
     try:
-        importlib.import_module("prefixcache.serving.sim")
+        importlib.import_module("prefixcache.reference.sim")
     except ImportError:
         return False
     return True

@@ -6,7 +6,7 @@ order, no concurrency, prompt blocks only, ``TRACE_BLOCK_SIZE``-token blocks.
 For each request:
 
 1. ``match_prefix(hashes, acquire=True)``: the hit is the longest cached
-   prefix of its chained hashes (:func:`~prefixcache.serving.trace.trace_block_hashes`);
+   prefix of its chained hashes (:func:`~prefixcache.reference.trace.trace_block_hashes`);
 2. ``allocate_memory_blocks`` for the rest and ``register_kv_block_hashes``
    for them, so every block of the request is now inserted or touched;
 3. ``release_memory_blocks`` on all of them: they become cached;
@@ -30,12 +30,12 @@ lists for every hash the indices of the requests that use it and gives
 list and the block -> hash map of the blocks it registered.
 
 :func:`replay_concurrent` replays the same trace with real concurrency
-instead, through the dynamic-batching loop of :mod:`prefixcache.serving.sim`:
+instead, through the dynamic-batching loop of :mod:`prefixcache.reference.sim`:
 requests arrive at their timestamps, hold their blocks while they prefill
 and decode, and the pool of ``capacity`` blocks holds running requests and
 the cache together.
 
->>> from prefixcache.serving.trace import TraceRequest
+>>> from prefixcache.reference.trace import TraceRequest
 >>> a, b = TraceRequest(0, 1024, 1, (1, 2)), TraceRequest(5, 1536, 1, (1, 2, 3))
 >>> result = replay([a, b, a], capacity=8)
 >>> result.hit_blocks, result.prompt_blocks, result.tokens_saved
@@ -59,10 +59,10 @@ from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.config import PolicySpec
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import CapacityError, InvalidArgumentError
-from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
+from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
 
 if TYPE_CHECKING:
-    from prefixcache.serving.sim import DynamicBatchingSim
+    from prefixcache.reference.sim import DynamicBatchingSim
 
 __all__ = [
     "OPTIMUM_POLICY",
@@ -137,7 +137,7 @@ def replay(
     """Replay ``requests`` in order, one at a time, through an allocator with ``policy``.
 
     Args:
-        requests: the trace, e.g. from :func:`~prefixcache.serving.trace.load_mooncake_trace`.
+        requests: the trace, e.g. from :func:`~prefixcache.reference.trace.load_mooncake_trace`.
         capacity: cached blocks kept after each request (>= 0).
         policy: a registered policy name; ``"belady"`` is the offline optimum.
         progress: show a progress bar on long runs (tqdm when installed,
@@ -296,7 +296,7 @@ def replay_concurrent(
     max_requests: int = 256,
     progress: bool = False,
 ) -> ConcurrentReplayResult:
-    """Replay ``requests`` with real concurrency through :mod:`prefixcache.serving.sim`.
+    """Replay ``requests`` with real concurrency through :mod:`prefixcache.reference.sim`.
 
     Each request arrives at loop step ``timestamp_ms // step_ms``; a step
     computes up to ``step_token_budget`` tokens (one decode token per running
@@ -325,13 +325,13 @@ def replay_concurrent(
         A :class:`ConcurrentReplayResult`.
 
     Raises:
-        ImportError: :mod:`prefixcache.serving.sim` is not available.
+        ImportError: :mod:`prefixcache.reference.sim` is not available.
         InvalidArgumentError: a bad argument (ConfigError: unknown policy).
         CapacityError: a request needs more blocks than the pool can give it.
 
     Complexity: O(total tokens / block size + steps * requests in flight).
     """
-    from prefixcache.serving import sim as loop  # imported here: the loop is an optional module
+    from prefixcache.reference import sim as loop  # imported here: the loop is an optional module
 
     capacity = require_int(capacity, "capacity", minimum=1)
     _check_policy(policy)

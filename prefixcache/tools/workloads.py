@@ -1,6 +1,6 @@
 """Seeded generators of Mooncake-format traces, for judging eviction policies off one trace.
 
-Each generator returns ``list[TraceRequest]`` (see :mod:`prefixcache.serving.trace`):
+Each generator returns ``list[TraceRequest]`` (see :mod:`prefixcache.reference.trace`):
 arrivals in timestamp order (Poisson, ``mean_gap_ms`` apart), one hash ID per
 512-token block, a partial last block. Equal seeds give equal traces. Block
 IDs are fresh integers except where a family shares them on purpose, so two
@@ -36,7 +36,7 @@ from os import PathLike
 
 from prefixcache.engine.validation import require_fraction, require_int
 from prefixcache.errors import InvalidArgumentError
-from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest
+from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest
 
 __all__ = [
     "agent_tool_loops",

@@ -20,7 +20,7 @@ from prefixcache.cluster import (
 )
 from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError
-from prefixcache.serving.trace import TraceRequest, sample_trace_path
+from prefixcache.reference.trace import TraceRequest, sample_trace_path
 
 IDLE = [WorkerLoad(0, 0)] * 3
 

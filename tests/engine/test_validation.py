@@ -159,10 +159,10 @@ def _sites() -> list[Site]:
     from prefixcache.cluster import replay_cluster
     from prefixcache.engine.hashing import compute_block_hashes
     from prefixcache.engine.pool import BlockPool
+    from prefixcache.reference.sim import SimConfig, SimRequest
+    from prefixcache.reference.trace import TraceRequest, load_mooncake_trace, sample_trace_path
     from prefixcache.serving.block_table import BlockTable
     from prefixcache.serving.kv_cache import KVCache, blocks_for_memory_budget
-    from prefixcache.serving.sim import SimConfig, SimRequest
-    from prefixcache.serving.trace import TraceRequest, load_mooncake_trace, sample_trace_path
     from prefixcache.tools.replay import replay
     from prefixcache.tools.workloads import shared_system_prompts
 
@@ -247,7 +247,7 @@ def test_converted_modules_refuse_bools_and_take_numpy_ints(site: Site) -> None:
 
 
 def test_sim_config_flags_are_bools() -> None:
-    from prefixcache.serving.sim import SimConfig
+    from prefixcache.reference.sim import SimConfig
 
     with pytest.raises(ConfigError, match=r"^verify must be a bool, got 1$"):
         SimConfig(verify=1)  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ import pytest
 from prefixcache.policies.auto import AutoPolicy
 
 from prefixcache.engine.allocator import KVBlockAllocator
-from prefixcache.serving.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
+from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
 from prefixcache.tools.workloads import documents_with_hot_prefixes, multi_turn_chats
 
 

@@ -11,7 +11,7 @@ import torch
 from prefixcache.policies import EvictionPolicy, ProtectedLRUPolicy
 
 from prefixcache import KVBlockAllocator
-from prefixcache.serving.trace import TraceRequest
+from prefixcache.reference.trace import TraceRequest
 from prefixcache.tools.replay import replay
 
 

@@ -17,7 +17,7 @@ from prefixcache.policies import LRUPolicy, RefZeroPolicy
 from prefixcache import AllocatorConfig, ConfigError, KVBlockAllocator
 from prefixcache.engine.journal import InverseCallJournal, PolicyJournal
 from prefixcache.engine.python_engine import PythonEngine
-from prefixcache.serving.trace import TraceRequest
+from prefixcache.reference.trace import TraceRequest
 from prefixcache.tools.replay import replay
 
 BASE: dict[str, Any] = {"total_count": 8, "block_size_tokens": 2, "device": "cpu"}

@@ -18,10 +18,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from prefixcache.engine.hashing import compute_block_hashes
 from prefixcache.errors import CapacityError, InvalidArgumentError
+from prefixcache.reference.toy_hybrid import ToyHybridModel
 from prefixcache.serving.hybrid import HybridMemory, HybridRequest, build_hybrid_memory
 from prefixcache.serving.layer_groups import LayerGroupSpec
 from prefixcache.serving.state_pool import StateShape
-from prefixcache.serving.toy_hybrid import ToyHybridModel
 
 B = 4
 VOCAB = 16

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from prefixcache.serving.trace import load_mooncake_trace
+from prefixcache.reference.trace import load_mooncake_trace
 from prefixcache.tiers import replay_tiered
 from prefixcache.tools import cli
 

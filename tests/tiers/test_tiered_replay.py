@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefixcache.errors import InvalidArgumentError
-from prefixcache.serving.trace import TraceRequest
+from prefixcache.reference.trace import TraceRequest
 from prefixcache.tiers.replay import replay_tiered
 from prefixcache.tools.replay import replay
 from prefixcache.tools.workloads import multi_turn_chats

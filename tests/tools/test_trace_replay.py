@@ -24,7 +24,7 @@ from sortedcontainers import SortedList
 
 from prefixcache import policies
 from prefixcache.errors import ConfigError, InvalidArgumentError
-from prefixcache.serving.trace import (
+from prefixcache.reference.trace import (
     TraceRequest,
     load_mooncake_trace,
     sample_trace_path,
@@ -330,7 +330,7 @@ def test_cli_compare_without_matplotlib_still_prints_the_table(
 
 
 def test_concurrent_replay_through_the_loop(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("prefixcache.serving.sim")
+    pytest.importorskip("prefixcache.reference.sim")
     argv = ["compare", "--concurrency", "--limit", "60", "--capacities", "800"]
     assert main([*argv, "--policies", "lru,ref_zero", "--no-plot", "--no-progress"]) == 0
     out = capsys.readouterr().out
@@ -361,6 +361,6 @@ def test_cli_errors(
         main(["replay", "--policy", "no_such_policy"])
     assert info.value.code == 2
     assert "known policies" in capsys.readouterr().err
-    monkeypatch.setitem(sys.modules, "prefixcache.serving.sim", None)
+    monkeypatch.setitem(sys.modules, "prefixcache.reference.sim", None)
     assert main(["compare", "--concurrency", "--limit", "5"]) == 1
-    assert "concurrency mode needs prefixcache.serving.sim" in capsys.readouterr().err
+    assert "concurrency mode needs prefixcache.reference.sim" in capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefixcache.errors import InvalidArgumentError
-from prefixcache.serving.trace import TRACE_BLOCK_SIZE, load_mooncake_trace
+from prefixcache.reference.trace import TRACE_BLOCK_SIZE, load_mooncake_trace
 from prefixcache.tools import workloads
 
 GENERATORS = [

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from prefixcache import ConfigError, InvalidArgumentError, InvariantError
-from prefixcache.serving.model import TinyDecoder, TinyDecoderConfig
-from prefixcache.serving.model_serving import (
+from prefixcache.reference.model import TinyDecoder, TinyDecoderConfig
+from prefixcache.reference.model_serving import (
     ReferenceOutput,
     RequestOutput,
     StepEntry,
@@ -33,7 +33,7 @@ from prefixcache.serving.model_serving import (
     logits_tolerance,
     reference_output,
 )
-from prefixcache.serving.sim import DynamicBatchingSim, SimConfig, SimReport, SimRequest
+from prefixcache.reference.sim import DynamicBatchingSim, SimConfig, SimReport, SimRequest
 from prefixcache.tools.replay import online_policies
 
 SHIPPED_POLICIES = online_policies()

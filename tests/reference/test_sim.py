@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from prefixcache import CapacityError, ConfigError, InvalidArgumentError, InvariantError
-from prefixcache.serving.kv_cache import KVCache
-from prefixcache.serving.sim import (
+from prefixcache.reference.sim import (
     DynamicBatchingSim,
     SimConfig,
     SimRequest,
     StepReport,
     run,
 )
+from prefixcache.serving.kv_cache import KVCache
 from prefixcache.tools.replay import online_policies
 
 SHIPPED_POLICIES = online_policies()

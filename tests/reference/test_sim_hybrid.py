@@ -19,17 +19,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixcache.errors import CapacityError, ConfigError, InvalidArgumentError, InvariantError
-from prefixcache.serving import layer_groups
-from prefixcache.serving.hybrid import HybridMemory, build_hybrid_memory
-from prefixcache.serving.layer_groups import LayerGroupSpec
-from prefixcache.serving.sim_hybrid import (
+from prefixcache.reference.sim_hybrid import (
     HybridBatchingSim,
     HybridSimRequest,
     HybridStepReport,
     run_hybrid,
 )
+from prefixcache.reference.toy_hybrid import ToyHybridModel
+from prefixcache.serving import layer_groups
+from prefixcache.serving.hybrid import HybridMemory, build_hybrid_memory
+from prefixcache.serving.layer_groups import LayerGroupSpec
 from prefixcache.serving.state_pool import StateShape
-from prefixcache.serving.toy_hybrid import ToyHybridModel
 
 B = 4
 VOCAB = 32
