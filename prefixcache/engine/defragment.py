@@ -18,15 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from prefixcache.engine.engine_parts import EngineParts
 from prefixcache.errors import BlockStateError, ConfigError, InvalidArgumentError
 from prefixcache.policies import is_transactional
-
-if TYPE_CHECKING:
-    from prefixcache.engine.python_engine import PythonEngine
 
 
 @dataclass(frozen=True)
@@ -117,7 +114,7 @@ def check_moves(
 
 
 def relocate_blocks(
-    engine: PythonEngine, sources: np.ndarray, destinations: np.ndarray, *, check_only: bool
+    engine: EngineParts, sources: np.ndarray, destinations: np.ndarray, *, check_only: bool
 ) -> None:
     """The Python engine's ``relocate``: move each source's whole state to its destination.
 
@@ -176,7 +173,7 @@ def relocate_blocks(
     registry.relocate(src, dst)
 
 
-def _free_after(engine: PythonEngine, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+def _free_after(engine: EngineParts, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """The free IDs once the moves apply: the old ones without ``dst``, with ``src``."""
     free = np.zeros(engine.num_usable, dtype=bool)
     free[engine.pool.free_ids().astype(np.intp)] = True

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from prefixcache.engine.python_engine import PythonEngine
+from prefixcache.engine.engine_parts import EngineParts
 
 
-def find_invariant_problems(engine: PythonEngine) -> list[str]:
+def find_invariant_problems(engine: EngineParts) -> list[str]:
     """Every broken invariant of ``engine``, described; empty when all hold.
 
     Reads the engine's private per-block arrays on purpose: the point is
