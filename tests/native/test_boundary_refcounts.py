@@ -171,3 +171,34 @@ def test_every_engine_method_leaves_its_arguments_refcounts_as_they_were() -> No
             with contextlib.suppress(PrefixCacheError):
                 getattr(engine, name)(*args)
         assert [sys.getrefcount(arg) for arg in args] == before, name
+
+
+def test_every_native_policy_method_leaves_its_arguments_refcounts_as_they_were() -> None:
+    """Each method of ``_native.NativePolicy`` (an option-heavy one: priority), many calls."""
+    from prefixcache.engine import _native  # here: the module is absent when not built
+
+    big = 10**12 + 7  # not a cached small int: its count moves only by this test
+    hashes = [big, big + 1]
+    calls: list[tuple[str, tuple[object, ...]]] = [
+        ("insert", (3, big, big, 1, 0)),
+        ("touch", (3, big)),
+        ("discard", (3,)),
+        ("evict", (2,)),
+        ("evicts_first", (4, big, big, 1, 0)),
+        ("relocate", (3, 5, big, big, 1, 0)),
+        ("on_register", (hashes, 0)),
+        ("set_retention", (big, 2, big)),
+        ("clear", ()),
+        ("memory_bytes", ()),
+        ("insert", (3, "x", 1, 1, 0)),  # refused
+    ]
+    methods = {name for name in dir(_native.NativePolicy) if not name.startswith("_")}
+    assert methods == {name for name, _ in calls}
+    for name, args in calls:
+        policy = _native.NativePolicy("priority", 16)
+        policy.insert(1, 101, 1, 1, 0)
+        before = [sys.getrefcount(arg) for arg in args]
+        for _ in range(50):
+            with contextlib.suppress(PrefixCacheError, KeyError, TypeError):
+                getattr(policy, name)(*args)
+        assert [sys.getrefcount(arg) for arg in args] == before, name
