@@ -42,8 +42,10 @@ Mapping (what a serving engine calls, in the order it calls it):
 - W2/W3: ``admit_request(tokens, row)`` (hashes the full blocks with the
   default xxh3_64 chain, matches and pins at most ``(n_tokens - 1) // B``
   blocks, allocates the rest with LRU eviction, registers the new full blocks,
-  writes the request's block IDs into a preallocated int32 block-table row),
-  then ``release_request(row[:n])``.
+  writes the request's block IDs into a preallocated int32 block-table row
+  as long as the pool), then ``release_request(row[:n])``.
+- W4: ``serve_turn`` through one :class:`~prefixcache.engine.sessions.Session`
+  per conversation: ``admit(new tokens)``, ``append(response)``, ``release()``.
 """
 
 from __future__ import annotations
@@ -66,8 +68,7 @@ except ImportError:  # run from the peers' venv, where prefixcache is not instal
 
 from prefixcache import KVBlockAllocator
 from prefixcache.engine.native_engine import native_available
-
-_MAX_BLOCKS_PER_REQUEST = 4096
+from prefixcache.engine.sessions import Session
 
 
 class PrefixCacheAdapter:
@@ -100,7 +101,8 @@ class PrefixCacheAdapter:
     def __init__(self) -> None:
         self._allocator: KVBlockAllocator | None = None
         self._block_size = 16
-        self._row = np.zeros(_MAX_BLOCKS_PER_REQUEST, dtype=np.int32)
+        self._row = np.zeros(0, dtype=np.int32)  # sized by prefix_init
+        self._sessions: dict[int, Session] = {}
 
     def version(self) -> str:
         """The prefixcache version string, with the engine that runs."""
@@ -148,6 +150,8 @@ class PrefixCacheAdapter:
         self._block_size = block_size
         self._admit = allocator.admit_request
         self._release = allocator.release_request
+        self._row = np.zeros(pool_blocks, dtype=np.int32)  # no request outgrows the pool
+        self._sessions: dict[int, Session] = {}
         self.hash_s = 0.0
 
     @staticmethod
@@ -164,6 +168,32 @@ class PrefixCacheAdapter:
         row = self._row
         num_hit: int = self._admit(tokens, row)
         self._release(row[: -(-len(tokens) // self._block_size)])
+        return num_hit
+
+    def serve_turn(
+        self,
+        prompt: np.ndarray,
+        response: np.ndarray,
+        session: int | None = None,
+        last: bool = False,
+    ) -> int:
+        """W4: one turn of conversation ``session`` through a :class:`Session`.
+
+        The session hashes and matches only the tokens after its chain's end
+        (``prompt`` is the whole conversation so far plus the new user part),
+        appends ``response`` as decode does (registering the blocks it fills),
+        then releases the turn; an idle session holds no block. ``last`` ends it.
+        """
+        allocator = self._require_allocator()
+        key = -1 if session is None else session
+        conversation = self._sessions.get(key)
+        if conversation is None:
+            conversation = self._sessions[key] = allocator.open_session()
+        num_hit = conversation.admit(prompt[conversation.num_tokens :])
+        conversation.append(response)
+        conversation.release()
+        if last:
+            del self._sessions[key]
         return num_hit
 
     def _require_allocator(self) -> KVBlockAllocator:

@@ -33,6 +33,7 @@ from prefixcache.engine.registry import HashRegistry
 from prefixcache.engine.request_path import RequestPathMethods
 from prefixcache.engine.routing import RoutingStore
 from prefixcache.engine.selection import build_engine
+from prefixcache.engine.sessions import SessionMethods
 from prefixcache.engine.stats import AllocatorStats
 from prefixcache.engine.validation import require_flag, require_int
 from prefixcache.errors import (
@@ -57,7 +58,12 @@ def _check_count(num_blocks: object) -> int:
 
 
 class KVBlockAllocator(
-    PrefixHashingMethods, KVEventMethods, MoERoutingMethods, RequestPathMethods, DefragmentMethods
+    PrefixHashingMethods,
+    KVEventMethods,
+    MoERoutingMethods,
+    RequestPathMethods,
+    DefragmentMethods,
+    SessionMethods,
 ):
     """Hands out KV-cache block IDs, counts references, and shares cached prefixes.
 
@@ -141,6 +147,7 @@ class KVBlockAllocator(
         # Second fingerprint of each registered block (verify mode), by block ID.
         self._fingerprint_of_block: list[int] = [0] * config.total_count
         self._num_rejected = 0
+        self._layout_epoch = 0  # bumped by reset and relocation (sessions check it)
         self._num_queried_tokens = 0  # vLLM's prefix_cache_queries, in tokens
         self._num_hit_tokens = 0  # vLLM's prefix_cache_hits, in tokens
         self._num_preempted_queried_tokens = 0  # vLLM's preempted_queries, in tokens
@@ -613,6 +620,7 @@ class KVBlockAllocator(
         Complexity: O(total_count).
         """
         self._engine.reset()
+        self._layout_epoch += 1
         if self.routing is not None:
             self.routing.clear_all()
         self._num_rejected = 0

@@ -34,6 +34,7 @@ class DefragmentMethods:
     """
 
     _engine: EngineCore
+    _layout_epoch: int
     num_usable: int
     routing: RoutingStore | None
     _fingerprint_of_block: list[int]
@@ -82,6 +83,7 @@ class DefragmentMethods:
         if copy is not None:
             copy(torch.from_numpy(src.astype(np.int64)), torch.from_numpy(dst.astype(np.int64)))
         self._engine.relocate(src, dst, check_only=False)
+        self._layout_epoch += 1  # blocks moved: sessions look their chains up again
         both = np.concatenate((sources, destinations))
         swapped = np.concatenate((destinations, sources))
         if self.routing is not None:

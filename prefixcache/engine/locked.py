@@ -56,8 +56,10 @@ else:
 
 __all__ = ["LIVE_STATE", "ThreadSafeAllocator", "locked_member_names"]
 
-LIVE_STATE = frozenset({"pool", "registry"})
+LIVE_STATE = frozenset({"pool", "registry", "open_session"})
 """Public members of the allocator that hand out its internal objects, not values.
+
+``open_session`` is one: a session calls the allocator directly on every turn.
 
 A lock around the call would not guard them: the caller would go on using
 the object after the lock is released. The wrapper refuses them (an

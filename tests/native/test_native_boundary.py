@@ -17,6 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefixcache import KVBlockAllocator
 from prefixcache.engine.native_engine import native_available
 from prefixcache.errors import (
     BlockStateError,
@@ -269,3 +270,28 @@ def test_any_value_is_accepted_or_refused_with_the_library_s_error(value: Any, m
     except PrefixCacheError:
         assert _digest(engine) == before
     assert engine.find_problems() == []
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    tokens=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=40),
+    split=st.integers(0, 10),
+    salt=st.sampled_from([None, "weights-v2"]),
+)
+def test_hash_tokens_continues_a_chain_as_the_facade_does(
+    tokens: list[int], split: int, salt: str | None
+) -> None:
+    """``hash_tokens(tokens, parent)``: a session's next turn hashes only its new tokens."""
+    allocator = KVBlockAllocator(
+        total_count=16, block_size_tokens=4, device="cpu", engine="native", hash_salt=salt
+    )
+    core = allocator._engine.core
+    head, tail = tokens[: 4 * split], tokens[4 * split :]
+    assert core.hash_tokens(tokens) == allocator.hash_tokens(tokens)
+    chain = allocator.hash_tokens(head)
+    parent = chain[-1] if chain else None
+    assert core.hash_tokens(tail, parent) == allocator.hash_tokens(tail, parent=parent)
+    assert chain + core.hash_tokens(tail, parent=parent) == allocator.hash_tokens(tokens)
+    for bad in (0, -1, 2**63, True, "1", 1.0):
+        with pytest.raises(InvalidArgumentError, match="parent"):
+            core.hash_tokens(tail, bad)

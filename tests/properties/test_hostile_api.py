@@ -206,11 +206,15 @@ class HostileMachine(RuleBasedStateMachine):
 
         Returns the result, or the library error it raised.
         """
+        return self.call_on(getattr(self.target, name), name, *args, **kwargs)
+
+    def call_on(self, function: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``function(*args, **kwargs)`` (a method of the allocator or of a session) checked."""
         self.called.add(name)
         before = state_digest(self.allocator)
         faulthandler.dump_traceback_later(CALL_DEADLINE_S, exit=True)
         try:
-            result = getattr(self.target, name)(*args, **kwargs)
+            result = function(*args, **kwargs)
         except PrefixCacheError as error:
             after = state_digest(self.allocator)
             assert after == before, f"{name} refused but changed " + "; ".join(
@@ -483,6 +487,19 @@ class HostileMachine(RuleBasedStateMachine):
         outcome = self.call("admit_request", tokens, row)
         if isinstance(outcome, PrefixCacheError) and kept is not None:
             assert np.array_equal(row, kept), "a refused admit_request wrote its row"
+
+    @rule(prompt=tokens_st, response=tokens_st, turns=st.integers(1, 3))
+    def session_turns(self, prompt: Any, response: Any, turns: int) -> None:
+        """A session's turns with hostile tokens (on the allocator: a session is live state,
+        refused through the lock wrapper; no other thread runs during a rule)."""
+        session = self.call_on(self.allocator.open_session, "open_session")
+        if isinstance(session, Exception):  # verify mode: sessions are refused
+            return
+        for _ in range(turns):
+            if isinstance(self.call_on(session.admit, "session.admit", prompt), Exception):
+                continue
+            self.call_on(session.append, "session.append", response)
+            self.call_on(session.release, "session.release")
 
     @rule(
         data=st.data(),

@@ -499,16 +499,35 @@ FASTCALL(engine_admit_request) {
   return PyLong_FromLongLong(num_hit);
 }
 
-PyObject* engine_hash_tokens(PyObject* py_self, PyObject* arg) {
+// hash_tokens(tokens, parent=None): the chained hashes of the full blocks of ``tokens``,
+// from the engine's root, or continuing the chain whose last hash is ``parent`` (a
+// session's next turn hashes only its new tokens).
+FASTCALL(engine_hash_tokens) {
+  static const char* const names[] = {"tokens", "parent"};
   EngineObject* self = self_of(py_self);
+  PyObject* bound[2];
+  if (!ready(self) ||
+      !native_bind_args("hash_tokens", args, nargs, kwnames, names, 1, 2, bound)) {
+    return nullptr;
+  }
+  uint64_t seed = self->root;
+  if (bound[1] && bound[1] != Py_None) {
+    int overflow = 0;
+    long long value = 0;
+    if (!native_list_int(bound[1], &value, &overflow) || overflow || value < 1) {
+      return native_raise(ErrorKind::kInvalidArgument,
+                          "parent must be a block hash, an int in [1, 2**63 - 1]");
+    }
+    seed = static_cast<uint64_t>(value);
+  }
   Tokens parsed;
-  if (!ready(self) || !parse_tokens(self, arg, &parsed)) return nullptr;
+  if (!parse_tokens(self, bound[0], &parsed)) return nullptr;
   const int32_t* tokens = parsed.data;
   const size_t num_tokens = parsed.count;
   const size_t num_full = num_tokens / static_cast<size_t>(self->block_size);
   std::vector<int64_t>& hashes = *self->hashes;
   hashes.resize(num_full);
-  chain_block_hashes(tokens, num_tokens, static_cast<size_t>(self->block_size), self->root,
+  chain_block_hashes(tokens, num_tokens, static_cast<size_t>(self->block_size), seed,
                      reinterpret_cast<uint64_t*>(hashes.data()));
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(num_full));
   if (!list) return nullptr;
@@ -813,8 +832,8 @@ PyMethodDef g_methods[] = {
      "registered_chains() -> [(hash, parent hash or None)], parents first"},
     {"admit_request", ENTER_FAST(engine_admit_request), METH_FASTCALL | METH_KEYWORDS,
      "admit_request(tokens, out_row) -> number of blocks served from cache"},
-    {"hash_tokens", ENTER(engine_hash_tokens), METH_O,
-     "hash_tokens(tokens) -> list of block hashes"},
+    {"hash_tokens", ENTER_FAST(engine_hash_tokens), METH_FASTCALL | METH_KEYWORDS,
+     "hash_tokens(tokens, parent=None) -> list of block hashes (from the root, or parent)"},
     {"move", ENTER_FAST(engine_move), METH_FASTCALL | METH_KEYWORDS,
      "move(block_ids, to_paused)"},
     {"touch", ENTER(engine_touch), METH_O, "touch(block_ids)"},

@@ -1,0 +1,365 @@
+"""Sessions: a conversation's turns whose cost follows the new tokens, not the context.
+
+Chat and agentic serving resend the whole conversation every turn. Admitting
+each turn as a new request (:meth:`KVBlockAllocator.admit_request`) hashes and
+matches the whole context again. A :class:`Session` remembers, between turns,
+the chain it built: the hashes of its full blocks, the blocks that held them
+and the tokens of its partial last block. A turn then
+
+- hashes only the new tokens, chained onto the remembered tail hash;
+- checks that the remembered blocks still hold the context in O(1): nothing
+  was evicted, dropped, relocated or reset since the session's last release
+  (the allocator's eviction and drop counters and its layout epoch). Only a
+  block eviction, a ref-zero drop, defragmentation or a reset can unregister or
+  move a block, so when none happened every remembered block is where it was.
+  Otherwise the turn falls back to one lookup of the remembered hashes (what
+  :meth:`admit_request` does every turn) and rebuilds what was lost;
+- pins the context and allocates and registers the rest through the same
+  engine calls as :meth:`admit_request`, so both engines, every policy, KV
+  events and MoE routing see the same calls.
+
+An idle session holds no block: between turns its blocks are cached like any
+other, and eviction may take them (unlike vLLM's streaming sessions, which
+keep theirs pinned). The block table row is the session's own array, grown in
+place (capacity doubling), read through :attr:`Session.block_ids`.
+
+What still costs O(context) per turn: the reference count of every context
+block is taken and dropped (``take_hit`` and the release walk the IDs in the
+engine, a few ns a block natively), and when the free blocks alone cannot
+hold the turn, the capacity check reads the context blocks' counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from prefixcache.engine.block_ids import BlockIdsLike, to_int_array
+from prefixcache.engine.core import EngineCore
+from prefixcache.errors import BlockStateError, CapacityError, ConfigError, InvalidArgumentError
+
+__all__ = ["Session", "SessionMethods"]
+
+_EMPTY = np.empty(0, dtype=np.int32)
+_INT32 = np.iinfo(np.int32)
+
+
+class SessionHost(Protocol):
+    """What a session uses of the allocator facade (typed here: the facade imports this)."""
+
+    _engine: EngineCore
+    _track_changes: bool
+    block_size_tokens: int
+    enable_prefix_caching: bool
+
+    def hash_tokens(
+        self,
+        tokens: Any,
+        *,
+        parent: int | None = None,
+        salt: str | bytes | None = None,
+        extra_keys: Sequence[object] | None = None,
+    ) -> list[int]: ...
+
+    def allocate_memory_blocks(self, num_blocks: int) -> torch.Tensor | None: ...
+
+    def release_memory_blocks(self, block_ids: BlockIdsLike, *, paused: bool = False) -> None: ...
+
+    def register_kv_block_hashes(
+        self,
+        block_ids: BlockIdsLike,
+        block_hashes: Any,
+        *,
+        parent_hash: int | None = None,
+        token_ids: Any = None,
+        lora_name: str | None = None,
+        fingerprints: Any = None,
+    ) -> torch.Tensor: ...
+
+    def _structure_key(self) -> tuple[int, int, int]: ...
+
+
+class SessionMethods:
+    """Adds :meth:`open_session` to the allocator facade, and what sessions check against."""
+
+    _engine: EngineCore
+    _layout_epoch: int
+    verify_prefix_hits: bool
+
+    def open_session(self) -> Session:
+        """A new conversation handle: its turns hash and match only their new tokens.
+
+        See :class:`Session`. The session calls this allocator directly: with
+        :class:`~prefixcache.engine.locked.ThreadSafeAllocator`, open it on ``shared.allocator``
+        and hold ``shared.lock`` around each of its calls.
+
+        Raises:
+            ConfigError: ``verify_prefix_hits`` is on (a session does not chain
+                fingerprints yet; use :meth:`admit_request`).
+
+        Complexity: O(1).
+        """
+        if self.verify_prefix_hits:
+            raise ConfigError(
+                "sessions do not verify prefix hits yet (verify_prefix_hits is on): "
+                "use admit_request"
+            )
+        host: SessionHost = self  # type: ignore[assignment]  # mixed into the facade
+        return Session(host)
+
+    def _structure_key(self) -> tuple[int, int, int]:
+        """Changes whenever a block may have been unregistered or moved. O(1).
+
+        Blocks lose their hash only by eviction or a ref-zero drop (both
+        counted by the engine) or a reset; they move only by defragmentation.
+        The facade bumps ``_layout_epoch`` on reset and relocation.
+        """
+        counters = self._engine.counters()
+        return (self._layout_epoch, counters.num_evicted_blocks, counters.num_dropped_blocks)
+
+
+def _tokens(tokens: Any) -> np.ndarray:
+    """``tokens`` as an int32 array, refused (before any change) outside int32 or empty."""
+    if type(tokens) is np.ndarray and tokens.dtype == np.int32 and tokens.ndim == 1 and tokens.size:
+        return tokens  # what a tokenizer hands over: nothing to convert or check
+    array = to_int_array(tokens, "tokens")
+    if array.size and (int(array.min()) < _INT32.min or int(array.max()) > _INT32.max):
+        raise InvalidArgumentError("tokens must lie in the int32 range")
+    if not array.size:
+        raise InvalidArgumentError("a turn or an append needs at least one token")
+    return array.astype(np.int32)
+
+
+class Session:
+    """One conversation's chain between turns; made by :meth:`KVBlockAllocator.open_session`.
+
+    A turn is :meth:`admit` (the new prompt tokens), any number of
+    :meth:`append` (decoded tokens; a block that fills is registered at once),
+    then :meth:`release`. Not thread-safe; one turn at a time.
+
+    >>> from prefixcache import KVBlockAllocator
+    >>> allocator = KVBlockAllocator(total_count=64, block_size_tokens=4, device="cpu")
+    >>> session = allocator.open_session()
+    >>> session.admit(list(range(10)))  # first turn: nothing cached
+    0
+    >>> session.append([10, 11, 12])  # the response: block 2 fills and is registered
+    >>> session.block_ids.tolist(), session.num_tokens
+    ([0, 1, 2, 3], 13)
+    >>> session.release()
+    >>> session.admit([13, 14, 15, 16])  # the next turn sends only its new tokens
+    3
+    >>> session.release()
+    """
+
+    def __init__(self, host: SessionHost) -> None:
+        self._host = host
+        self._hashes: list[int] = []  # chained hashes of the full blocks so far
+        self._ids = np.zeros(16, dtype=np.int32)  # their blocks, then the turn's partial one
+        self._pending = _EMPTY  # tokens of the partial last block
+        self._num_tokens = 0
+        self._num_held = 0  # blocks the running turn references (0: idle)
+        self._key: tuple[int, int, int] | None = None  # structure key at the last release
+        self._refused = False  # a registration of this turn was refused (hash held elsewhere)
+        core = getattr(host._engine, "core", None)  # the native engine's extension object
+        # Its hash_tokens is the facade's chain (xxh3_64, the engine's root is the facade's,
+        # salt included; the native engine runs only so), in one C call instead of a
+        # Python loop over the blocks.
+        self._hash: Any = core.hash_tokens if core is not None else self._facade_hash
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the conversation so far (prompts and appended tokens)."""
+        return self._num_tokens
+
+    @property
+    def running(self) -> bool:
+        """Whether a turn holds blocks (between :meth:`admit` and :meth:`release`)."""
+        return self._num_held > 0
+
+    @property
+    def block_ids(self) -> np.ndarray:
+        """The running turn's block table row: a view of the session's own array."""
+        return self._ids[: self._num_held]
+
+    # ------------------------------------------------------------------ a turn
+
+    def admit(self, tokens: Any) -> int:
+        """Start a turn whose prompt is the conversation so far plus ``tokens``.
+
+        Pins the cached context, matches the new full blocks, allocates the
+        rest (evicting through the policy) and registers the new full blocks.
+
+        Returns:
+            How many leading blocks of the prompt came from the cache.
+
+        Raises:
+            BlockStateError: a turn is running (release it first).
+            InvalidArgumentError, InvalidTensorError: malformed or no tokens.
+            CapacityError: the pool cannot hold the prompt even after
+                eviction. Nothing changes, the session included.
+
+        Complexity: O(len(tokens)) hashing and matching, O(1) to check the
+        context, O(context blocks) reference updates in the engine.
+        """
+        if self._num_held:
+            raise BlockStateError("a turn of this session is running; release() it first")
+        host = self._host
+        size = host.block_size_tokens
+        fresh = _tokens(tokens)
+        prompt = np.concatenate([self._pending, fresh]) if self._pending.size else fresh
+        num_tokens = self._num_tokens + len(fresh)
+        parent = self._hashes[-1] if self._hashes else None
+        new_hashes = self._hash(prompt, parent) if len(prompt) >= size else []
+        engine = host._engine
+        known = len(self._hashes)
+        intact = known == 0 or self._key == host._structure_key()
+        context = self._ids[:known] if intact else engine.lookup(self._hashes)
+        base = len(context)  # leading blocks known cached
+        num_matchable = (num_tokens - 1) // size
+        hashes_after = self._hashes[base:] + new_hashes if base < known else new_hashes
+        later = _EMPTY
+        if host.enable_prefix_caching and num_matchable > base:
+            later = engine.lookup(hashes_after[: num_matchable - base])
+        hit = np.concatenate([context, later]).astype(np.int32) if later.size else context
+        num_hit = len(hit)
+        num_blocks = -(-num_tokens // size)
+        needed = num_blocks - num_hit
+        if needed > engine.num_free:  # else no eviction: no need to count the cached hits
+            active, paused = engine.reference_counts(hit.astype(np.intp))
+            cached_hits = int(((active + paused) == 0).sum())  # a chain's blocks are distinct
+            room = engine.num_free + engine.num_cached - cached_hits
+            if needed > room:
+                raise CapacityError(f"the turn needs {needed} blocks; {room} can be freed")
+        engine.take_hit(hit, num_matchable, acquire=True)
+        new = self._allocate(needed)
+        num_full = known + len(new_hashes)
+        if num_full > num_hit:
+            first = num_hit - base
+            self._register(
+                new[: num_full - num_hit],
+                hashes_after[first:],
+                self._hash_at(num_hit - 1, new_hashes),
+            )
+        self._grow(num_blocks)
+        if not intact:
+            self._ids[:base] = context
+        self._ids[base:num_hit] = later
+        self._ids[num_hit:num_blocks] = new
+        self._hashes.extend(new_hashes)
+        self._num_tokens = num_tokens
+        self._pending = prompt[len(new_hashes) * size :].copy()
+        self._num_held = num_blocks
+        return num_hit
+
+    def append(self, tokens: Any) -> None:
+        """Add decoded ``tokens`` to the running turn: blocks they need, blocks they fill.
+
+        Each block that fills is registered at once, chained onto the last.
+
+        Raises:
+            BlockStateError: no turn is running.
+            InvalidArgumentError, InvalidTensorError: malformed or no tokens.
+            CapacityError: no room for the blocks the tokens need; nothing changes.
+
+        Complexity: O(len(tokens)).
+        """
+        if not self._num_held:
+            raise BlockStateError("no turn of this session is running; admit() one first")
+        host = self._host
+        size = host.block_size_tokens
+        fresh = _tokens(tokens)
+        pending = np.concatenate([self._pending, fresh])
+        num_tokens = self._num_tokens + len(fresh)
+        needed = -(-num_tokens // size) - self._num_held
+        if needed > host._engine.num_free + host._engine.num_cached:
+            raise CapacityError(f"the tokens need {needed} more blocks; the pool is short")
+        parent = self._hashes[-1] if self._hashes else None
+        filled = self._hash(pending, parent) if len(pending) >= size else []
+        if needed:
+            self._grow(self._num_held + needed)
+            self._ids[self._num_held : self._num_held + needed] = self._allocate(needed)
+            self._num_held += needed
+        if filled:
+            known = len(self._hashes)
+            self._register(self._ids[known : known + len(filled)], filled, parent)
+            self._hashes.extend(filled)
+        self._pending = pending[len(filled) * size :].copy()
+        self._num_tokens = num_tokens
+
+    def release(self) -> None:
+        """End the turn: drop its references; full blocks stay cached, the partial one is freed.
+
+        Raises:
+            BlockStateError: no turn is running.
+
+        Complexity: O(blocks of the turn) in the engine.
+        """
+        if not self._num_held:
+            raise BlockStateError("no turn of this session is running")
+        host = self._host
+        before = host._structure_key()
+        held = self._ids[: self._num_held]
+        if host._track_changes:
+            host.release_memory_blocks(held)
+        else:
+            host._engine.release(self._engine_ids(held), paused=False)
+        self._num_held = 0
+        after = host._structure_key()
+        # The next turn trusts the remembered blocks only if this release dropped none of
+        # them (ref-zero drops every released hashed block) and every block carries its
+        # hash (a hash another block already held was not registered on the session's
+        # block, which the release just freed); otherwise it looks the chain up again.
+        self._key = after if before == after and not self._refused else None
+        self._refused = False
+
+    # ------------------------------------------------------------------ internals
+
+    def _facade_hash(self, tokens: np.ndarray, parent: int | None) -> list[int]:
+        return self._host.hash_tokens(tokens, parent=parent)
+
+    def _allocate(self, num_blocks: int) -> np.ndarray:
+        """``num_blocks`` fresh blocks (room was checked): through the engine when no
+        collaborator watches (no events, no routing), else through the facade."""
+        host = self._host
+        if host._track_changes:
+            ids = host.allocate_memory_blocks(num_blocks)
+            assert ids is not None  # room was checked
+            return ids.numpy()
+        fresh = host._engine.allocate(num_blocks)
+        assert fresh is not None  # room was checked
+        return fresh
+
+    def _register(self, block_ids: np.ndarray, hashes: list[int], parent: int | None) -> None:
+        """Register a run of this session's blocks; notes a hash held elsewhere."""
+        host = self._host
+        if host._track_changes:
+            carried = host.register_kv_block_hashes(block_ids, hashes, parent_hash=parent)
+            holds = carried.numpy()
+        elif host.enable_prefix_caching:
+            holds, _ = host._engine.register(self._engine_ids(block_ids), hashes, parent)
+        else:
+            return
+        self._refused = self._refused or not bool(holds.all())
+
+    def _engine_ids(self, block_ids: np.ndarray) -> np.ndarray:
+        """IDs as the engine indexes with them (the Python engine: intp, like the facade)."""
+        return block_ids if self._host._engine.name == "native" else block_ids.astype(np.intp)
+
+    def _hash_at(self, index: int, new_hashes: list[int]) -> int | None:
+        """The hash of block ``index`` of the prompt (None before the first)."""
+        if index < 0:
+            return None
+        known = len(self._hashes)
+        return self._hashes[index] if index < known else new_hashes[index - known]
+
+    def _grow(self, num_blocks: int) -> None:
+        """Make room for ``num_blocks`` IDs in place (doubling), keeping the row's contents."""
+        if num_blocks > len(self._ids):
+            grown = np.zeros(max(num_blocks, 2 * len(self._ids)), dtype=np.int32)
+            grown[: len(self._ids)] = self._ids
+            self._ids = grown
