@@ -162,6 +162,7 @@ def _machine(engine: str, free_list: str, policy: str) -> type[DefragmentMachine
     )
 
 
+@pytest.mark.slow  # the full suite (--full)
 @pytest.mark.parametrize("policy", ["lru", "fifo", "ref_zero"])
 @pytest.mark.parametrize("free_list", ["stack", "lowest"])
 @pytest.mark.parametrize("engine", ENGINES)

@@ -36,6 +36,7 @@ def test_python_engine_refuses_a_reference_past_the_limit() -> None:
     assert allocator.reference_counts([block])[0].tolist() == [LIMIT]
 
 
+@pytest.mark.slow  # the full suite (--full)
 @pytest.mark.skipif(not native_available(), reason="the native engine is not built")
 def test_native_engine_refuses_a_reference_past_the_limit() -> None:
     allocator = KVBlockAllocator(total_count=8, paused_count=2, device="cpu", engine="native")

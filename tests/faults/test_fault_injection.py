@@ -55,6 +55,8 @@ from prefixcache.engine import hashing
 from prefixcache.engine.pool import BlockPool
 from prefixcache.testing import ReferenceModel, changed_fields, state_digest
 
+pytestmark = pytest.mark.slow  # long programs: the full suite (--full)
+
 POLICY_NAMES = [name for name in policies.available() if name != "belady"]
 TOTAL_COUNT = 12
 PAUSED_COUNT = 3

@@ -32,9 +32,12 @@ from prefixcache.engine.defragment import DefragmentPlan
 from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
 from prefixcache.testing import changed_fields, state_digest
 
-pytestmark = pytest.mark.skipif(
-    not native_available(), reason="the native engine (prefixcache.engine._native) is not built"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not native_available(), reason="the native engine (prefixcache.engine._native) is not built"
+    ),
+    pytest.mark.slow,  # long programs: the full suite (--full)
+]
 
 TOTAL_COUNT = 14
 PAUSED_COUNT = 3

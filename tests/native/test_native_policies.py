@@ -24,7 +24,10 @@ from hypothesis import strategies as st
 from prefixcache import policies
 from prefixcache.engine.native_engine import native_available
 
-pytestmark = pytest.mark.skipif(not native_available(), reason="the native engine is not built")
+pytestmark = [
+    pytest.mark.skipif(not native_available(), reason="the native engine is not built"),
+    pytest.mark.slow,  # long programs: the full suite (--full)
+]
 
 NUM_BLOCKS = 12
 HASHES = list(range(1_000, 1_024))  # few, so ghost lists and history get hits

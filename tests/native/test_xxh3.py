@@ -190,6 +190,7 @@ def _check_hashes(
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the full suite (--full)
 def test_drivers_cover_the_kernels(drivers: list[tuple[Driver, str]]) -> None:
     kernels = {kernel for _, kernel in drivers}
     assert {"default", "scalar", "source", "int32"} <= kernels

@@ -29,6 +29,8 @@ from sortedcontainers import SortedList
 
 from prefixcache import KVBlockAllocator, policies
 
+pytestmark = pytest.mark.slow  # long programs: the full suite (--full)
+
 NAMES = [
     "lru",
     "fifo",

@@ -657,6 +657,7 @@ VARIANTS = [
 ]
 
 
+@pytest.mark.slow  # the full suite (--full)
 @pytest.mark.parametrize(("engine", "locked"), VARIANTS)
 def test_hostile_programs_change_nothing_when_refused(engine: str, locked: bool) -> None:
     if engine == "native" and not native_available():

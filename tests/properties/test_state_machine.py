@@ -29,6 +29,8 @@ from prefixcache import (
 from prefixcache.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixcache.testing import ReferenceModel, changed_fields, state_digest
 
+pytestmark = pytest.mark.slow  # long programs: the full suite (--full)
+
 TOTAL_COUNT = 13
 PAUSED_COUNT = 3
 MASK_63 = (1 << 63) - 1

@@ -73,6 +73,7 @@ def check_step(sim: DynamicBatchingSim, step: StepReport) -> None:
 # ---------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow  # the full suite (--full)
 @pytest.mark.parametrize("policy", SHIPPED_POLICIES)
 def test_prefix_sharing_serves_correct_kv_under_eviction_pressure(policy: str) -> None:
     """Thousands of overlapping requests, a pool far too small, every hit checked.

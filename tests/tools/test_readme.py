@@ -91,17 +91,25 @@ def test_python_block_runs_and_prints_what_its_comments_say(code: str) -> None:
     assert len(printed) >= len(expected_prints(code))
 
 
-def test_first_block_pins_torch_then_installs_the_test_extra_then_runs_the_gate() -> None:
+def test_first_block_pins_torch_then_installs_the_test_extra_then_runs_the_quick_suite() -> None:
     _, first = fenced_blocks(README, "bash")[0]
     commands = [line.split("#", 1)[0].strip() for line in first.splitlines()]
     commands = [command for command in commands if command]
     assert commands == [
         'pip install "torch==2.13.0"',
         'pip install -e ".[test]"',
-        "python -m pytest -q --cov",
+        "python -m pytest -q",
     ]
     before = README[: README.index(first)]
     assert "CPU-only" in section(README, "## Quick start") and "CPU-only" in before
+
+
+def test_full_suite_block_runs_every_test_with_the_gate() -> None:
+    """CI runs it right after the first block (.ci/run): the slow tests and coverage."""
+    _, block = fenced_blocks(section(README, "## Full suite"), "bash")[0]
+    commands = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    assert [command for command in commands if command] == ["python -m pytest -q --full --cov"]
+    assert '"## Full suite"' in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
 def test_development_block_runs_the_linters_and_the_type_checker() -> None:
