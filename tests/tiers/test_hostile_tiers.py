@@ -23,7 +23,6 @@ so a method a class gains is called hostilely without a change here.
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +34,7 @@ from hypothesis import strategies as st
 
 from prefixcache import KVBlockAllocator, PrefixCacheError
 from prefixcache.engine.native_engine import native_available
-from prefixcache.testing import state_digest
+from prefixcache.testing import deep_state
 from prefixcache.tiers import HostTier, RequestCache, TieredCache
 from prefixcache.tiers.epochs import WeightEpochs
 
@@ -82,44 +81,6 @@ def public_methods(obj: object) -> list[str]:
         for name, member in inspect.getmembers(type(obj), inspect.isfunction)
         if not name.startswith("_") and name not in SKIPPED
     )
-
-
-def deep_state(obj: Any, seen: set[int] | None = None) -> Any:
-    """Everything reachable from ``obj`` as nested tuples that compare by value.
-
-    Allocators by :func:`state_digest`; arrays and tensors by dtype, shape and
-    bytes; dicts in their order (an insertion order is state); objects by their
-    attributes. Callables, locks and threads are left out (behaviour, not state).
-    """
-    seen = set() if seen is None else seen
-    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
-        return obj
-    if isinstance(obj, KVBlockAllocator):
-        return ("allocator", state_digest(obj))
-    if isinstance(obj, np.ndarray):
-        return ("array", str(obj.dtype), obj.shape, obj.tobytes())
-    if isinstance(obj, torch.Tensor):
-        return deep_state(obj.detach().cpu().numpy(), seen)
-    if (callable(obj) and not hasattr(obj, "__dict__")) or inspect.isroutine(obj):
-        return "<callable>"
-    if isinstance(obj, (threading.Thread, type(threading.Lock()), type(threading.RLock()))):
-        return "<thread or lock>"
-    if id(obj) in seen:
-        return ("<seen>", type(obj).__name__)
-    seen.add(id(obj))
-    if isinstance(obj, dict):
-        return ("dict", tuple((deep_state(k, seen), deep_state(v, seen)) for k, v in obj.items()))
-    if isinstance(obj, (set, frozenset)):
-        return ("set", tuple(sorted(repr(deep_state(item, seen)) for item in obj)))
-    if isinstance(obj, (list, tuple)) or type(obj).__name__ in {"deque", "SortedList"}:
-        return (type(obj).__name__, tuple(deep_state(item, seen) for item in obj))
-    fields: dict[str, Any] = {}
-    for cls in type(obj).__mro__:
-        for slot in getattr(cls, "__slots__", ()):
-            if hasattr(obj, slot):
-                fields[slot] = getattr(obj, slot)
-    fields.update(getattr(obj, "__dict__", {}))
-    return (type(obj).__name__, tuple((k, deep_state(v, seen)) for k, v in sorted(fields.items())))
 
 
 class Stack:

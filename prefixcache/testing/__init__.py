@@ -1,0 +1,33 @@
+"""Public test kit: what a project building on prefixcache needs to test against it.
+
+Sections:
+
+- **Policy contract** (:class:`PolicyContract`): a pytest mixin that checks
+  the laws every eviction policy keeps, for the built-in policies and
+  third-party ones alike, as cachetools ships a mixin for its caches.
+- **State digest** (:func:`state_digest`, :func:`changed_fields`,
+  :func:`pool_digest`): one description of an allocator's whole state, to
+  check that a refused or failed call changes nothing (DESIGN.md invariant 6)
+  and to compare two allocators, on either engine.
+- **Reference model** (:class:`ReferenceModel`): the references a caller
+  holds, one entry per reference, and the hashes it saw registered: the much
+  simpler model a stateful test checks the allocator against.
+
+Nothing here is imported by the library itself; pytest is imported only
+when a law is skipped.
+"""
+
+from prefixcache.testing.digest import changed_fields, deep_state, pool_digest, state_digest
+from prefixcache.testing.policy_contract import PolicyContract
+from prefixcache.testing.policy_driver import eviction_order
+from prefixcache.testing.reference_model import ReferenceModel
+
+__all__ = [
+    "PolicyContract",
+    "ReferenceModel",
+    "changed_fields",
+    "deep_state",
+    "eviction_order",
+    "pool_digest",
+    "state_digest",
+]
