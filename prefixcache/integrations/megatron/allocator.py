@@ -1,153 +1,36 @@
-"""Megatron-core drop-in: prefixcache's allocator behind Megatron's ``KVBlockAllocator``.
-
-Megatron-core 0.19's ``DynamicInferenceContext`` builds its allocator as
-``KVBlockAllocator(context=..., total_count=..., paused_count=...,
-enable_prefix_caching=..., prefix_caching_eviction_policy=...)`` and then
-reads and writes the allocator's state directly: plain attributes
-(``total_avail``, ``active_count``, ``paused_count``, ``dummy_block_idx``),
-in prefix-caching modes the live CPU tensors ``block_ref_counts`` (int32),
-``block_hashes`` (int64) and, in LRU mode, ``block_timestamps``,
-``block_parent_id``, ``block_child_count`` (int64), the dict
-``kv_hash_to_block_id`` and the ``on_blocks_deregistered`` callback that the
-Mamba slot allocator sets. :class:`MegatronKVBlockAllocator` has that surface,
-attribute by attribute and method by method (the table, and what is not
-covered and why: DESIGN.md, "Megatron-core drop-in"), and runs every state change
-through a :class:`~prefixcache.KVBlockAllocator` (O(log n) eviction instead
-of Megatron's scan of the whole pool, every prefixcache policy, KV events,
-statistics). :func:`install` makes Megatron's modules build it; :func:`attach`
-switches one existing context.
-
-Who owns what (DESIGN.md, "Megatron-core drop-in"): the prefixcache
-allocator is authoritative. The tensors and the dict are mirrors that this
-class updates after every call it makes, so Megatron reads exactly what it
-would read from its own allocator. The one place Megatron's context writes
-the allocator's state itself, ``block_ref_counts[ids] += 1`` when it pins
-matched blocks (and ``-= 1`` when it rolls the pin back), goes through
-``block_ref_counts.__setitem__``, which this class intercepts and turns into
-``acquire_blocks`` / ``release_memory_blocks``; a write the allocator refuses
-is undone on the tensor and raised. Other in-place tensor methods on these
-mirrors (``fill_``, ``add_``, writes through a slice view) are not seen, and
-Megatron's callers use none of them.
-
-On the native engine the hot calls (allocate, release, touch, register, a pin
-of distinct IDs) go to the compiled engine directly, which validates them and
-raises the library's errors before any change; what it deregistered is read
-back with its ``take_changes`` (DESIGN.md, "Megatron-core drop-in"). With KV
-events on, or on the Python engine, every call goes through the facade.
-
-Megatron is imported lazily (only :func:`install`, :func:`attach` and the
-default policy names need it), so this module imports without it.
-"""
+"""The drop-in class: Megatron-core 0.19's ``KVBlockAllocator`` run by a prefixcache allocator."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from prefixcache.engine.allocator import KVBlockAllocator
-from prefixcache.engine.config import AllocatorConfig, PolicySpec
-from prefixcache.engine.events import KVCacheEvent, KVEventLog
+from prefixcache.engine.config import AllocatorConfig
+from prefixcache.engine.events import KVCacheEvent
 from prefixcache.engine.stats import AllocatorStats
 from prefixcache.engine.validation import require_int
-from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
-
-SUPPORTED_VERSIONS = ("0.19.",)
-"""megatron-core versions (prefixes) whose allocator surface this module reproduces."""
-
-_LRU, _REF_ZERO = "lru", "ref_zero"
-_OPTION_KEYS = ("engine", "kv_events_capacity", "kv_events_medium", "device", "hash_algo")
-
-
-class PrefixCachePolicy(str):
-    """A Megatron ``prefix_caching_eviction_policy`` value that names a prefixcache policy.
-
-    It equals ``"lru"`` as a string, so it equals Megatron's
-    ``PrefixCachingEvictionPolicy.LRU`` (a ``str`` enum) and every check in
-    Megatron's context takes its caching path; the drop-in reads
-    :attr:`spec` and runs that policy instead of LRU.
-
-    >>> choice = PrefixCachePolicy("s3fifo")
-    >>> choice == "lru", choice.spec
-    (True, 's3fifo')
-
-    Args:
-        spec: a prefixcache policy name, ``{"name": ..., **kwargs}`` or policy object.
-    """
-
-    spec: PolicySpec
-
-    def __new__(cls, spec: PolicySpec) -> PrefixCachePolicy:
-        if isinstance(spec, str) and spec == _REF_ZERO:
-            raise ConfigError("use Megatron's PrefixCachingEvictionPolicy.REF_ZERO for ref-zero")
-        choice = super().__new__(cls, _LRU)
-        choice.spec = spec
-        return choice
-
-    def __repr__(self) -> str:
-        return f"PrefixCachePolicy({self.spec!r})"
+from prefixcache.errors import ConfigError, InvalidArgumentError
+from prefixcache.integrations.megatron.mirrors import (
+    MirrorMethods,
+    _as_array,
+    _LiveRefCounts,
+    _WatchedEventLog,
+)
+from prefixcache.integrations.megatron.options import (
+    _LRU,
+    _OPTION_KEYS,
+    _REF_ZERO,
+    _installed_options,
+    _policy_of,
+)
+from prefixcache.integrations.megatron.routing import RoutingMethods
 
 
-def _policy_of(value: object, default_cached: PolicySpec) -> tuple[PolicySpec, bool]:
-    """``(prefixcache policy spec, caches unreferenced blocks)`` for a Megatron policy value."""
-    if isinstance(value, PrefixCachePolicy):
-        return value.spec, True
-    if value == _REF_ZERO:
-        return _REF_ZERO, False
-    if value == _LRU:
-        return default_cached, True
-    raise ConfigError(
-        f"prefix_caching_eviction_policy must be Megatron's REF_ZERO or LRU, or a "
-        f"PrefixCachePolicy, got {value!r}"
-    )
-
-
-class _LiveRefCounts(torch.Tensor):
-    """``block_ref_counts``: an int32 CPU tensor whose subscript writes reach the allocator."""
-
-    # Results of operations are plain tensors, so only this tensor intercepts writes.
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
-    _owner: MegatronKVBlockAllocator
-
-    def __getitem__(self, index: Any) -> torch.Tensor:
-        # A copy: ``t[i] += k`` reads t[i], adds in place, then assigns. A view would take
-        # the addition into the mirror before __setitem__ saw it (no delta, the allocator
-        # never told); with a copy the assignment carries the change.
-        return torch.Tensor.__getitem__(self, index).clone()
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        self._owner._write_ref_counts(index, value)
-
-
-class _WatchedEventLog(KVEventLog):
-    """The facade's event log, which also tells the drop-in which hashes lost their block."""
-
-    def __init__(self, log: KVEventLog, on_removed: Callable[[list[int]], None], keep: bool):
-        super().__init__(log.capacity, log.block_size, log.medium)
-        self._on_removed = on_removed
-        self._keep = keep
-
-    def record_stored(self, *args: Any, **kwargs: Any) -> None:
-        if self._keep:
-            super().record_stored(*args, **kwargs)
-
-    def record_removed(self, block_hashes: list[int]) -> None:
-        self._on_removed(block_hashes)
-        if self._keep:
-            super().record_removed(block_hashes)
-
-    def record_cleared(self) -> None:
-        if self._keep:
-            super().record_cleared()
-
-
-class MegatronKVBlockAllocator:
+class MegatronKVBlockAllocator(MirrorMethods, RoutingMethods):
     """Megatron-core 0.19's ``KVBlockAllocator``, run by a prefixcache allocator.
 
     Same constructor, attributes (present and absent per mode as in
@@ -530,138 +413,6 @@ class MegatronKVBlockAllocator:
             return True
         return bool(self._run(self.allocator.evict_lru_blocks, num_blocks_needed))
 
-    # ------------------------------------------------------------------ mirrors
-
-    def _run(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call the allocator, then drop what it deregistered from the mirrors."""
-        try:
-            return method(*args, **kwargs)
-        finally:
-            if self._pending_removed:
-                self._deregister(self._pending_removed)
-                self._pending_removed = []
-
-    def _drain(self) -> None:
-        """Mirror what the native engine deregistered since the last call (fast paths)."""
-        removed = self._core.take_changes()[1]
-        if removed:
-            self._deregister(removed)
-
-    def _removed(self, block_hashes: list[int]) -> None:
-        self._pending_removed.extend(block_hashes)
-
-    def _deregister(self, removed: list[int]) -> None:
-        """Mirror the allocator's deregistration of ``removed`` hashes, as Megatron orders it."""
-        block_ids = [self.kv_hash_to_block_id.pop(h) for h in removed]
-        if self.on_blocks_deregistered is not None:
-            self.on_blocks_deregistered(list(block_ids), set(removed))
-        ids = np.array(block_ids, dtype=np.int64)
-        if self._is_lru:
-            parents = self._parents[ids]
-            np.subtract.at(self._children, parents[parents >= 0], 1)
-            self._parents[ids] = -1
-            self._children[ids] = 0
-            self._stamps[ids] = 0
-        self._hashes[ids] = -1
-
-    def _write_ref_counts(self, index: Any, value: Any) -> None:
-        """Apply a caller's ``block_ref_counts[index] = value`` as references taken or dropped."""
-        refs = self._refs
-        if self._core is not None and self._pinned_by_one(index, value):
-            return
-        if isinstance(index, torch.Tensor) and index.dim() == 1 and not index.is_floating_point():
-            touched = np.unique(_as_array(index))  # Megatron's case: a vector of block IDs
-        else:
-            touched = np.unique(self._positions[index].reshape(-1).numpy())
-        before = refs[touched]  # a copy (fancy indexing)
-        self._ref_counts[index] = value
-        delta = refs[touched].astype(np.int64) - before
-        # np.repeat: torch.repeat_interleave takes ~15 ms per call on CPU in torch 2.13.
-        taken = np.repeat(touched, np.maximum(delta, 0))
-        dropped = np.repeat(touched, np.maximum(-delta, 0))
-        try:
-            if taken.size:
-                self._run(self.allocator.acquire_blocks, taken)
-        except Exception:
-            refs[touched] = before
-            raise
-        try:
-            if dropped.size:
-                self._run(self.allocator.release_memory_blocks, dropped)
-        except Exception:
-            refs[touched] = before
-            if taken.size:
-                self._run(self.allocator.release_memory_blocks, taken)
-            raise
-
-    def _pinned_by_one(self, index: Any, value: Any) -> bool:
-        """Apply Megatron's ``refs[ids] += 1`` (or ``-= 1``) on distinct IDs; False if not that.
-
-        The native engine validates the IDs and references before any change,
-        so the mirror is written only after it accepted the pin or release.
-        """
-        if not (
-            isinstance(index, torch.Tensor)
-            and isinstance(value, torch.Tensor)
-            and index.dim() == 1
-            and index.is_cpu
-            and value.is_cpu
-            and value.shape == index.shape
-            and not index.is_floating_point()
-            and index.dtype != torch.bool
-        ):
-            return False
-        ids, new = _as_array(index), value.numpy()
-        if len(ids) == 0 or self._has_duplicates(ids):
-            return False
-        delta = new - self._refs[ids]
-        if (delta == 1).all():
-            self._core.acquire(ids)
-            self._refs[ids] = new
-        elif (delta == -1).all():
-            self._core.release_request(ids)
-            self._refs[ids] = new
-            self._drain()  # ref-zero mode deregisters here; the counts are already down
-        else:
-            return False
-        return True
-
-    @staticmethod
-    def _has_duplicates(ids: np.ndarray) -> bool:
-        """Whether ``ids`` repeats an ID: a sorted copy, neighbours compared.
-
-        ~3 us for 128 IDs; ``np.unique`` costs ~20 us, and marking a
-        pool-sized scratch array costs cache misses at 65,536 blocks.
-        """
-        ordered = ids.copy()
-        ordered.sort()
-        return bool((ordered[1:] == ordered[:-1]).any())
-
-    def check_consistency(self) -> None:
-        """Raise InvariantError unless every mirror equals the allocator's state.
-
-        For tests and debugging. Complexity: O(total_count).
-        """
-        self.allocator.check_invariants()
-        if not self.enable_prefix_caching:
-            return
-        ids = np.arange(self.total_count - 1)
-        active, paused = self.allocator.reference_counts(ids)
-        problems = []
-        if not torch.equal(self._ref_counts[:-1], active + paused):
-            problems.append("block_ref_counts differ from the allocator's references")
-        held = self.kv_hash_to_block_id
-        if len(held) != self.allocator.stats().num_registered or not all(
-            self.allocator.is_hash_registered(block_hash) for block_hash in held
-        ):
-            problems.append("kv_hash_to_block_id differs from the allocator's registry")
-        hashes = torch.full((self.total_count,), -1, dtype=torch.int64)
-        hashes[list(held.values())] = torch.tensor(list(held), dtype=torch.int64)
-        if not torch.equal(hashes, self.block_hashes):
-            problems.append("block_hashes differ from kv_hash_to_block_id")
-        if problems:
-            raise InvariantError("; ".join(problems))
-
     # ------------------------------------------------------------------ prefixcache extras
 
     def stats(self) -> AllocatorStats:
@@ -677,155 +428,3 @@ class MegatronKVBlockAllocator:
         if not self._keep_events:
             raise ConfigError("KV cache events are off; install(kv_events_capacity=N) with N > 0")
         return self.allocator.take_events()
-
-    # ------------------------------------------------------------------ MoE routing
-
-    def store_routing_per_block(self, flat_routing: np.ndarray | None) -> None:
-        """Scatter ``[active_token_count, layers, top_k]`` routing into per-block storage."""
-        context = self.context
-        num_tokens = context.active_token_count
-        if flat_routing is None or num_tokens == 0:
-            return
-        if flat_routing.shape[0] != num_tokens:
-            raise InvalidArgumentError(
-                f"routing has {flat_routing.shape[0]} tokens, the context {num_tokens}"
-            )
-        block_ids = context.token_to_block_idx[:num_tokens].cpu().numpy()
-        positions = context.token_to_local_position_within_kv_block[:num_tokens].cpu().numpy()
-        for block_id in np.unique(block_ids).tolist():
-            if block_id != self.dummy_block_idx:
-                rows = block_ids == block_id
-                self.store_block_routing(block_id, positions[rows], flat_routing[rows])
-
-    def store_block_routing(
-        self, block_id: int, positions: np.ndarray, routing: np.ndarray
-    ) -> None:
-        """Store routing ``[len(positions), layers, top_k]`` at ``positions`` of ``block_id``."""
-        if block_id not in self.block_routing:
-            shape = (self.context.block_size_tokens, routing.shape[-2], routing.shape[-1])
-            self.block_routing[block_id] = np.zeros(shape, dtype=routing.dtype)
-        self.block_routing[block_id][positions] = routing
-
-    def get_block_routing(self, block_id: int) -> np.ndarray | None:
-        """The routing stored for ``block_id``, or None."""
-        return self.block_routing.get(block_id)
-
-    def reconstruct_routing_from_blocks(
-        self, block_ids: list[int], total_routing_tokens: int
-    ) -> np.ndarray | None:
-        """The first ``total_routing_tokens`` routing rows of ``block_ids``, or None if missing."""
-        parts, collected = [], 0
-        for block_id in block_ids:
-            routing = self.get_block_routing(block_id)
-            if routing is None:
-                return None
-            if collected >= total_routing_tokens:
-                break
-            take = min(self.context.block_size_tokens, total_routing_tokens - collected)
-            parts.append(routing[:take])
-            collected += take
-        if not parts or collected != total_routing_tokens:
-            return None
-        return np.concatenate(parts, axis=0)
-
-
-def _as_array(block_ids: Any) -> np.ndarray:
-    """Block IDs as an intp NumPy array, for indexing the mirrors.
-
-    intp because NumPy converts any other index dtype on every fancy index
-    (an int32 index costs ~3 us more per write). A CPU tensor of int64 IDs
-    shares its memory.
-    """
-    if isinstance(block_ids, torch.Tensor):  # integer tensors never require grad
-        block_ids = (block_ids if block_ids.is_cpu else block_ids.cpu()).numpy()
-    return np.asarray(block_ids).astype(np.intp, copy=False)
-
-
-# ---------------------------------------------------------------------- switching
-
-_installed_options: dict[str, Any] = {}
-_replaced: list[tuple[Any, Any]] = []
-
-
-def check_version() -> str:
-    """The installed megatron-core version; ConfigError unless this module supports it."""
-    try:
-        version = importlib.metadata.version("megatron-core")
-    except importlib.metadata.PackageNotFoundError as exc:
-        raise ConfigError("megatron-core is not installed") from exc
-    if not version.startswith(SUPPORTED_VERSIONS):
-        supported = ", ".join(prefix + "x" for prefix in SUPPORTED_VERSIONS)
-        raise ConfigError(
-            f"prefixcache's Megatron drop-in supports megatron-core {supported}; found {version}"
-        )
-    return version
-
-
-def install(**options: Any) -> None:
-    """Make every loaded Megatron module that bound ``KVBlockAllocator`` build the drop-in.
-
-    Call it before building a ``DynamicInferenceContext``. ``options`` become
-    the drop-in's defaults (``cached_policy``, ``engine``,
-    ``kv_events_capacity``, ``kv_events_medium``, ``device``, ``hash_algo``).
-    Calling it again replaces the options. Undo with :func:`uninstall`.
-
-    Raises:
-        ConfigError: megatron-core is missing or not a supported version, or
-            an option is unknown.
-    """
-    check_version()
-    unknown = sorted(set(options) - {"cached_policy", *_OPTION_KEYS})
-    if unknown:
-        raise ConfigError(f"unknown options {unknown}; valid: {['cached_policy', *_OPTION_KEYS]}")
-    _installed_options.clear()
-    _installed_options.update(options)
-    defining = importlib.import_module("megatron.core.inference.contexts.kv_block_allocator")
-    original = defining.KVBlockAllocator
-    if original is MegatronKVBlockAllocator:  # installed already: find what was replaced
-        original = _replaced[0][1]
-    for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("megatron") and (
-            getattr(module, "KVBlockAllocator", None) is original
-        ):
-            _replaced.append((module, original))
-            setattr(module, "KVBlockAllocator", MegatronKVBlockAllocator)  # noqa: B010
-
-
-def uninstall() -> None:
-    """Put Megatron's own ``KVBlockAllocator`` back everywhere :func:`install` replaced it."""
-    while _replaced:
-        module, original = _replaced.pop()
-        setattr(module, "KVBlockAllocator", original)  # noqa: B010
-    _installed_options.clear()
-
-
-@contextmanager
-def installed(**options: Any) -> Iterator[None]:
-    """:func:`install` for the ``with`` block, then :func:`uninstall`."""
-    install(**options)
-    try:
-        yield
-    finally:
-        uninstall()
-
-
-def attach(context: Any, **options: Any) -> MegatronKVBlockAllocator:
-    """Switch one existing context to the drop-in, keeping its sizes, mode and callback.
-
-    Raises:
-        ConfigError: the context's allocator holds blocks (switch before serving).
-    """
-    old = context.kv_block_allocator
-    if old.get_total_used():
-        raise ConfigError(f"the context's allocator holds {old.get_total_used()} blocks")
-    new = MegatronKVBlockAllocator(
-        context,
-        total_count=old.total_count,
-        paused_count=old.paused_count,
-        enable_prefix_caching=old.enable_prefix_caching,
-        prefix_caching_eviction_policy=old.prefix_caching_eviction_policy,
-        **options,
-    )
-    new.on_blocks_deregistered = old.on_blocks_deregistered
-    context.kv_block_allocator = new
-    return new
