@@ -22,65 +22,14 @@ compares the two).
 from __future__ import annotations
 
 import array as array_module
-from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from prefixcache.engine.block_ids import BlockIdsLike
-from prefixcache.engine.core import EngineCore
+from prefixcache.engine.facade_view import FacadeView
 from prefixcache.errors import CapacityError, InvalidArgumentError, InvalidTensorError
-
-
-class _Facade(Protocol):
-    """What the request path uses of the allocator facade it is mixed into.
-
-    Typed here rather than by importing ``KVBlockAllocator``, which imports this
-    module: the request path sits below the facade and names only what it calls.
-    """
-
-    _engine: EngineCore
-    _num_rejected: int
-    _track_changes: bool
-    block_size_tokens: int
-    enable_prefix_caching: bool
-    verify_prefix_hits: bool
-
-    def hash_tokens(
-        self,
-        tokens: Any,
-        *,
-        parent: int | None = None,
-        salt: str | bytes | None = None,
-        extra_keys: Sequence[object] | None = None,
-    ) -> list[int]: ...
-
-    def fingerprint_tokens(
-        self,
-        tokens: Any,
-        *,
-        parent: int | None = None,
-        salt: str | bytes | None = None,
-        extra_keys: Sequence[object] | None = None,
-    ) -> list[int]: ...
-
-    def _verified_prefix(self, matched: np.ndarray, checks: list[int]) -> np.ndarray: ...
-
-    def allocate_memory_blocks(self, num_blocks: int) -> torch.Tensor | None: ...
-
-    def release_memory_blocks(self, block_ids: BlockIdsLike, *, paused: bool = False) -> None: ...
-
-    def register_kv_block_hashes(
-        self,
-        block_ids: BlockIdsLike,
-        block_hashes: Any,
-        *,
-        parent_hash: int | None = None,
-        token_ids: Any = None,
-        lora_name: str | None = None,
-        fingerprints: Any = None,
-    ) -> torch.Tensor: ...
 
 
 def _row_array(out_row: Any) -> np.ndarray:
@@ -118,7 +67,7 @@ class RequestPathMethods:
 
     def _bind_request_path(self) -> None:
         """Bind the native fused calls when no collaborator needs to see the request."""
-        allocator = cast("_Facade", self)
+        allocator = cast("FacadeView", self)
         core = getattr(allocator._engine, "core", None)
         if core is None or allocator._track_changes:
             return
@@ -143,7 +92,7 @@ class RequestPathMethods:
 
         Complexity: O(num_blocks), plus O(log n) per evicted block.
         """
-        block_ids = cast("_Facade", self).allocate_memory_blocks(num_blocks)
+        block_ids = cast("FacadeView", self).allocate_memory_blocks(num_blocks)
         return None if block_ids is None else block_ids.numpy()
 
     def admit_request(self, tokens: Any, out_row: Any) -> int:
@@ -174,7 +123,7 @@ class RequestPathMethods:
         Complexity: O(len(tokens)) hashing, O(1) per block, plus O(log n) per
         evicted block.
         """
-        allocator = cast("_Facade", self)
+        allocator = cast("FacadeView", self)
         hashes = allocator.hash_tokens(tokens)
         row = _row_array(out_row)
         num_tokens = _num_tokens(tokens)
@@ -229,4 +178,4 @@ class RequestPathMethods:
 
         Complexity: O(k), plus O(log n) policy work per newly cached leaf.
         """
-        cast("_Facade", self).release_memory_blocks(block_ids)
+        cast("FacadeView", self).release_memory_blocks(block_ids)

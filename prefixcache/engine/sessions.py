@@ -31,55 +31,19 @@ hold the turn, the capacity check reads the context blocks' counts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import torch
 
-from prefixcache.engine.block_ids import BlockIdsLike, to_int_array
+from prefixcache.engine.block_ids import to_int_array
 from prefixcache.engine.core import EngineCore
+from prefixcache.engine.facade_view import FacadeView
 from prefixcache.errors import BlockStateError, CapacityError, ConfigError, InvalidArgumentError
 
 __all__ = ["Session", "SessionMethods"]
 
 _EMPTY = np.empty(0, dtype=np.int32)
 _INT32 = np.iinfo(np.int32)
-
-
-class SessionHost(Protocol):
-    """What a session uses of the allocator facade (typed here: the facade imports this)."""
-
-    _engine: EngineCore
-    _track_changes: bool
-    block_size_tokens: int
-    enable_prefix_caching: bool
-
-    def hash_tokens(
-        self,
-        tokens: Any,
-        *,
-        parent: int | None = None,
-        salt: str | bytes | None = None,
-        extra_keys: Sequence[object] | None = None,
-    ) -> list[int]: ...
-
-    def allocate_memory_blocks(self, num_blocks: int) -> torch.Tensor | None: ...
-
-    def release_memory_blocks(self, block_ids: BlockIdsLike, *, paused: bool = False) -> None: ...
-
-    def register_kv_block_hashes(
-        self,
-        block_ids: BlockIdsLike,
-        block_hashes: Any,
-        *,
-        parent_hash: int | None = None,
-        token_ids: Any = None,
-        lora_name: str | None = None,
-        fingerprints: Any = None,
-    ) -> torch.Tensor: ...
-
-    def _structure_key(self) -> tuple[int, int, int]: ...
 
 
 class SessionMethods:
@@ -107,7 +71,7 @@ class SessionMethods:
                 "sessions do not verify prefix hits yet (verify_prefix_hits is on): "
                 "use admit_request"
             )
-        host: SessionHost = self  # type: ignore[assignment]  # mixed into the facade
+        host: FacadeView = self  # type: ignore[assignment]  # mixed into the facade
         return Session(host)
 
     def _structure_key(self) -> tuple[int, int, int]:
@@ -154,7 +118,7 @@ class Session:
     >>> session.release()
     """
 
-    def __init__(self, host: SessionHost) -> None:
+    def __init__(self, host: FacadeView) -> None:
         self._host = host
         self._hashes: list[int] = []  # chained hashes of the full blocks so far
         self._ids = np.zeros(16, dtype=np.int32)  # their blocks, then the turn's partial one
