@@ -76,3 +76,13 @@ class AllocatorStats:
     def hit_rate(self) -> float:
         """Matched blocks over queried blocks (0.0 before any query)."""
         return self.num_hit_blocks / self.num_queried_blocks if self.num_queried_blocks else 0.0
+
+
+def metric_unit(key: str) -> str:
+    """The unit of an exported metric key: its last word (``prefix_hit_tokens`` -> ``tokens``).
+
+    The naming rule every exporter follows (``prefixcache.wire.metrics``,
+    ``prefixcache.tiers.metrics``): the unit last in every name, declared as the
+    Prometheus family's unit. Complexity: O(len(key)).
+    """
+    return key.rsplit("_", 1)[-1]

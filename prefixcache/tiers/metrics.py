@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from prefixcache.engine.stats import metric_unit
 from prefixcache.tiers.requests import RequestCache
 from prefixcache.tiers.tiered import TieredCache
 
@@ -87,9 +88,7 @@ _LABEL_HELP = {
 }
 
 
-def unit_of(key: str) -> str:
-    """The unit of a key: its last word (the naming rule of :mod:`prefixcache.wire.metrics`)."""
-    return key.rsplit("_", 1)[-1]
+unit_of = metric_unit  # the one naming rule (engine/stats.py)
 
 
 def collect_tiers(tiered: TieredCache) -> dict[str, int]:

@@ -69,6 +69,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from prefixcache.engine.stats import metric_unit
+
 if TYPE_CHECKING:
     from prefixcache.engine.allocator import KVBlockAllocator
     from prefixcache.wire.publisher import ZmqEventPublisher
@@ -127,9 +129,7 @@ _HELP = {
 """Help text of every exported family (the block-state family has its own)."""
 
 
-def unit_of(key: str) -> str:
-    """The unit of a :func:`collect` key: the last word of its name."""
-    return key.rsplit("_", 1)[-1]
+unit_of = metric_unit  # the one naming rule (engine/stats.py)
 
 
 def _policy_name(allocator: KVBlockAllocator) -> str:
