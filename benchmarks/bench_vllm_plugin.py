@@ -40,19 +40,11 @@ from prefixcache.reference.trace import (
     sample_trace_path,
     trace_block_hashes,
 )
+from prefixcache.testing.vllm_pool import admit
 from prefixcache.tools import workloads
 from prefixcache.tools.replay import replay
 
 POLICIES = ("lru", "fifo", "lfu", "slru", "s3fifo", "arc", "hazard", "reuse_lru", "protected_lru")
-
-
-class _Request:
-    """What ``BlockPool.cache_full_blocks`` reads of a vLLM request (events off)."""
-
-    __slots__ = ("block_hashes",)
-
-    def __init__(self, block_hashes: list[bytes]) -> None:
-        self.block_hashes = block_hashes
 
 
 def block_chains(requests: list[TraceRequest]) -> list[list[bytes]]:
@@ -86,22 +78,14 @@ def vllm_replay(
     hit_blocks = total = 0
     start = time.perf_counter()
     for hashes in chains:
-        hit: list[Any] = []
-        for block_hash in hashes:
-            found = pool.get_cached_block(block_hash, [0])
-            if not found:
-                break
-            hit.append(found[0])
-        pool.touch(hit)
-        blocks = hit + pool.get_new_blocks(len(hashes) - len(hit))
-        pool.cache_full_blocks(_Request(hashes), blocks, len(hit), len(hashes), 16, 0)
+        blocks, num_hit = admit(pool, hashes)
         pool.free_blocks(reversed(blocks))
         excess = len(index) - capacity if trim else 0
         if excess > 0:  # evict down to capacity, as prefixcache's replay does: the free
             # hash-less blocks come first, then `excess` victims; all return hash-less
             num_plain = pool.get_num_free_blocks() - len(index)
             pool.free_blocks(pool.get_new_blocks(num_plain + excess))
-        hit_blocks, total = hit_blocks + len(hit), total + len(hashes)
+        hit_blocks, total = hit_blocks + num_hit, total + len(hashes)
     return hit_blocks / total, time.perf_counter() - start
 
 

@@ -31,6 +31,7 @@ from hypothesis.stateful import (
 from prefixcache.integrations import vllm as plugin
 from prefixcache.integrations import vllm_queue
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
+from prefixcache.testing.vllm_pool import admit, chain
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (CI); see the module docstring")
 if not str(vllm.__version__).startswith(plugin.SUPPORTED_VERSION + "."):
@@ -49,36 +50,6 @@ def _uninstalled() -> Iterator[None]:
     plugin.uninstall()
     yield
     plugin.uninstall()
-
-
-class Request:
-    """What ``BlockPool.cache_full_blocks`` reads of a vLLM request (events off)."""
-
-    def __init__(self, block_hashes: list[bytes]) -> None:
-        self.block_hashes = block_hashes
-
-
-def chain(*ids: int) -> list[bytes]:
-    """Chained 32-byte block hashes (vLLM's ``BlockHash``) for blocks of content ``ids``."""
-    hashes, parent = [], 0
-    for value in ids:
-        parent = hash((parent, value)) & ((1 << 64) - 1)
-        hashes.append(parent.to_bytes(32, "big"))
-    return hashes
-
-
-def admit(pool: Any, hashes: list[bytes]) -> tuple[list[Any], int]:
-    """vLLM's manager's steps: longest cached prefix, touch it, allocate, cache the rest."""
-    hit: list[Any] = []
-    for block_hash in hashes:
-        found = pool.get_cached_block(block_hash, [0])
-        if not found:
-            break
-        hit.append(found[0])
-    pool.touch(hit)
-    blocks = hit + pool.get_new_blocks(len(hashes) - len(hit))
-    pool.cache_full_blocks(Request(hashes), blocks, len(hit), len(hashes), 16, 0)
-    return blocks, len(hit)
 
 
 def run_workload(pool: Any, seed: int, steps: int = 400) -> tuple[list[int], list[int]]:
@@ -279,7 +250,7 @@ def make_request(request_id: str, tokens: list[int]) -> Any:
     hashing = importlib.import_module("vllm.utils.hashing")
     params = sampling.SamplingParams(max_tokens=4)
     params.update_from_generation_config({}, eos_token_id=100)
-    return request_module.Request(
+    return request_module.VllmRequest(
         request_id=request_id,
         prompt_token_ids=tokens,
         sampling_params=params,

@@ -38,6 +38,7 @@ from prefixcache.integrations import vllm as plugin
 from prefixcache.integrations import vllm_queue
 from prefixcache.integrations.vllm import PolicyFreeBlockQueue, policy_hash
 from prefixcache.integrations.vllm_lru import LeafHeap, LruFreeBlockQueue
+from prefixcache.testing.vllm_pool import admit, chain, serve
 
 KV_CACHE_UTILS = '''
 from dataclasses import dataclass
@@ -242,43 +243,6 @@ def block_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
 
 
 # ---------------------------------------------------------------------- a serving driver
-
-
-class Request:
-    """What ``cache_full_blocks`` reads of a vLLM request."""
-
-    def __init__(self, block_hashes: list[bytes]) -> None:
-        self.block_hashes = block_hashes
-
-
-def chain(*ids: int) -> list[bytes]:
-    """Chained 32-byte block hashes for a prompt of block contents ``ids``."""
-    hashes, parent = [], 0
-    for value in ids:
-        parent = hash((parent, value)) & ((1 << 64) - 1)
-        hashes.append(parent.to_bytes(32, "big"))
-    return hashes
-
-
-def admit(pool: Any, hashes: list[bytes]) -> tuple[list[Any], int]:
-    """Look up, touch the hit, allocate the rest and cache it, as vLLM's manager does."""
-    hit: list[Any] = []
-    for block_hash in hashes:
-        found = pool.get_cached_block(block_hash, [0])
-        if not found:
-            break
-        hit.append(found[0])
-    pool.touch(hit)
-    blocks = hit + pool.get_new_blocks(len(hashes) - len(hit))
-    pool.cache_full_blocks(Request(hashes), blocks, len(hit), len(hashes), 16, 0)
-    return blocks, len(hit)
-
-
-def serve(pool: Any, hashes: list[bytes]) -> int:
-    """Admit and release one request (blocks freed in reverse, as vLLM); return its hit."""
-    blocks, num_hit = admit(pool, hashes)
-    pool.free_blocks(reversed(blocks))
-    return num_hit
 
 
 def ids(blocks: list[Any]) -> list[int]:
