@@ -6,12 +6,16 @@ Sections:
   the laws every eviction policy keeps, for the built-in policies and
   third-party ones alike, as cachetools ships a mixin for its caches.
 - **State digest** (:func:`state_digest`, :func:`changed_fields`,
-  :func:`pool_digest`): one description of an allocator's whole state, to
-  check that a refused or failed call changes nothing (DESIGN.md invariant 6)
-  and to compare two allocators, on either engine.
+  :func:`pool_digest`, :func:`deep_state`): one description of an allocator's
+  (or any object's) whole state, to check that a refused or failed call changes
+  nothing (DESIGN.md invariant 6) and to compare two allocators, on either engine.
 - **Reference model** (:class:`ReferenceModel`): the references a caller
   holds, one entry per reference, and the hashes it saw registered: the much
   simpler model a stateful test checks the allocator against.
+- **Hosts' request steps** (:mod:`~prefixcache.testing.vllm_pool`,
+  :mod:`~prefixcache.testing.megatron_requests`): a request through vLLM's
+  ``BlockPool`` and Megatron's ``add_request`` bookkeeping, as their engines
+  do it, for testing and timing the integrations.
 
 Nothing here is imported by the library itself; pytest is imported only
 when a law is skipped.

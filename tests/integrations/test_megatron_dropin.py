@@ -29,6 +29,7 @@ from prefixcache.errors import (
 )
 from prefixcache.integrations import megatron
 from prefixcache.integrations.megatron import MegatronKVBlockAllocator, PrefixCachePolicy
+from prefixcache.testing.megatron_requests import add_request
 
 LRU_ONLY = ("block_timestamps", "block_parent_id", "block_child_count")
 CACHING_ONLY = ("block_hashes", "kv_hash_to_block_id", "block_ref_counts")
@@ -63,26 +64,11 @@ def build(policy: Any = "lru", total: int = 9, caching: bool = True, **options: 
 
 
 def serve(allocator: MegatronKVBlockAllocator, hashes: list[int]) -> torch.Tensor:
-    """Megatron's add_request for a prompt of full blocks: match, pin, allocate, register."""
-    matched = []
-    for block_hash in hashes:
-        if block_hash not in allocator.kv_hash_to_block_id:
-            break
-        matched.append(allocator.kv_hash_to_block_id[block_hash])
-    pinned = torch.tensor(matched, dtype=torch.int32)
-    if matched:
-        allocator.block_ref_counts[pinned] += 1
-        allocator.update_timestamps(pinned)
-    new = allocator.allocate_memory_blocks(len(hashes) - len(matched))
-    if new is None:
-        if matched:
-            allocator.block_ref_counts[pinned] -= 1
+    """Megatron's add_request for a prompt of full blocks; MemoryError when the pool is short."""
+    block_ids = add_request(allocator, hashes)
+    if block_ids is None:
         raise MemoryError
-    rest = hashes[len(matched) :]
-    parents = [hashes[k - 1] if k else 0 for k in range(len(matched), len(hashes))]
-    allocator.register_kv_block_hashes(new.tolist(), rest, parents)
-    allocator.context.prefix_cache_lru_clock += 1
-    return torch.cat([pinned, new])
+    return block_ids
 
 
 # ---------------------------------------------------------------------- the surface

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from prefixcache.engine.native_engine import native_available
 from prefixcache.errors import BlockStateError, InvalidArgumentError, ReferenceCountError
 from prefixcache.integrations.megatron import MegatronKVBlockAllocator
+from prefixcache.testing.megatron_requests import add_request
 
 if not native_available():
     pytest.skip("the native engine is not built", allow_module_level=True)
@@ -55,28 +56,6 @@ def build(engine: str, policy: str = "lru", total: int = 12) -> MegatronKVBlockA
     return allocator
 
 
-def admit(allocator: MegatronKVBlockAllocator, hashes: list[int]) -> torch.Tensor | None:
-    """Megatron's add_request for full blocks: match, pin, allocate, register (None: short)."""
-    matched = []
-    for block_hash in hashes:
-        if block_hash not in allocator.kv_hash_to_block_id:
-            break
-        matched.append(allocator.kv_hash_to_block_id[block_hash])
-    pinned = torch.tensor(matched, dtype=torch.int32)
-    if matched:
-        allocator.block_ref_counts[pinned] += 1
-        allocator.update_timestamps(pinned)
-    new = allocator.allocate_memory_blocks(len(hashes) - len(matched))
-    if new is None:
-        if matched:
-            allocator.block_ref_counts[pinned] -= 1
-        return None
-    parents = [hashes[k - 1] if k else 0 for k in range(len(matched), len(hashes))]
-    allocator.register_kv_block_hashes(new.tolist(), hashes[len(matched) :], parents)
-    allocator.context.prefix_cache_lru_clock += 1
-    return torch.cat([pinned, new])
-
-
 def state(allocator: MegatronKVBlockAllocator) -> dict[str, Any]:
     seen = {name: getattr(allocator, name).tolist() for name in MIRRORS if hasattr(allocator, name)}
     seen["kv_hash_to_block_id"] = dict(allocator.kv_hash_to_block_id)
@@ -109,7 +88,7 @@ def test_both_engines_leave_the_same_mirrors_after_every_step(policy: str, steps
         results = []
         for allocator, held in zip(allocators, running, strict=True):
             if action == "admit" or not held:
-                got = admit(allocator, hashes)
+                got = add_request(allocator, hashes)
                 if got is not None:
                     held.append(got)
                 results.append(None if got is None else got.tolist())
@@ -127,7 +106,7 @@ def test_both_engines_leave_the_same_mirrors_after_every_step(policy: str, steps
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_repeated_id_in_a_pin_takes_one_reference_as_a_tensor_write_does(engine: str) -> None:
     allocator = build(engine)
-    held = admit(allocator, [1, 2])
+    held = add_request(allocator, [1, 2])
     assert held is not None
     first = held[:1]
     allocator.block_ref_counts[torch.cat([first, first])] += 1
@@ -145,7 +124,7 @@ def test_a_last_release_in_ref_zero_mode_calls_back_after_the_counts_drop(
     allocator.on_blocks_deregistered = lambda ids, hashes: calls.append(
         (sorted(ids), hashes, allocator.block_ref_counts[ids].tolist())
     )
-    held = admit(allocator, [7, 8])
+    held = add_request(allocator, [7, 8])
     assert held is not None
     if by_write:
         allocator.block_ref_counts[held] -= 1
@@ -161,7 +140,7 @@ def test_a_last_release_in_ref_zero_mode_calls_back_after_the_counts_drop(
 @pytest.mark.parametrize("engine", ENGINES)
 def test_refused_pins_and_counts_change_nothing(engine: str) -> None:
     allocator = build(engine)
-    held = admit(allocator, [1, 2])
+    held = add_request(allocator, [1, 2])
     assert held is not None
     allocator.release_memory_blocks(held)  # both cached now
     before = state(allocator)
