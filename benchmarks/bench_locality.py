@@ -52,6 +52,7 @@ from prefixcache import KVBlockAllocator
 from prefixcache.engine.free_list import SortedFreeList
 from prefixcache.engine.native_engine import native_available
 from prefixcache.engine.pool import BlockPool
+from prefixcache.testing.pages import fragmented_pool, whole_free_pages
 
 BATCH = 16
 
@@ -153,39 +154,6 @@ def bench_fragmentation(size: int, steps: int) -> None:
         )
 
 
-def whole_free_pages(allocator: KVBlockAllocator, page_size: int) -> int:
-    free = np.zeros(allocator.num_usable, dtype=bool)
-    free[allocator._engine.free_ids()] = True
-    whole = allocator.num_usable // page_size * page_size
-    return int(free[:whole].reshape(-1, page_size).all(axis=1).sum())
-
-
-def paged_pool(policy: object, page_size: int, seed: int) -> KVBlockAllocator:
-    """Full pool: requests of 1..8 blocks, a quarter running, the rest cached."""
-    allocator = KVBlockAllocator(
-        total_count=4097,
-        device="cpu",
-        engine="python",
-        free_list="lowest",
-        page_size_blocks=page_size,
-        eviction_policy=policy,
-        block_size_tokens=1,
-    )
-    rng = np.random.default_rng(seed)
-    requests, next_hash = [], 1
-    while allocator.stats().num_free:
-        count = min(int(rng.integers(1, 9)), allocator.stats().num_free)
-        ids = allocator.allocate_memory_blocks(count)
-        assert ids is not None
-        allocator.register_kv_block_hashes(ids, list(range(next_hash, next_hash + count)))
-        next_hash += count
-        requests.append(ids)
-    for index in rng.permutation(len(requests)):
-        if rng.random() >= 0.25:
-            allocator.release_memory_blocks(requests[index])
-    return allocator
-
-
 def bench_page_eviction(seeds: int) -> None:
     page_size, step, total = 8, 64, 512
     print(f"\n## Page-aware eviction: whole free pages of {page_size} blocks after each")
@@ -196,7 +164,7 @@ def bench_page_eviction(seeds: int) -> None:
     for seed in range(seeds):
         for name in pages:
             policy = "lru" if name == "lru" else PageAwarePolicy(page_size)
-            allocator = paged_pool(policy, page_size, seed)
+            allocator = fragmented_pool(policy, page_size, seed, total_count=4097)
             row = []
             for _ in range(total // step):
                 assert allocator.evict_cached_blocks(step) == step

@@ -16,6 +16,8 @@ Sections:
   :mod:`~prefixcache.testing.megatron_requests`): a request through vLLM's
   ``BlockPool`` and Megatron's ``add_request`` bookkeeping, as their engines
   do it, for testing and timing the integrations.
+- **Pages** (:mod:`~prefixcache.testing.pages`): a fragmented full pool and its
+  count of whole free pages, for page-aware eviction.
 
 Nothing here is imported by the library itself; pytest is imported only
 when a law is skipped.

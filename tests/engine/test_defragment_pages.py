@@ -8,7 +8,6 @@ keeps the allocator's invariants while serving.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from prefixcache.policies import EvictionPolicy, LRUPolicy
 from prefixcache.policies.page_aware import PageAwarePolicy
@@ -16,6 +15,7 @@ from prefixcache.policies.page_aware import PageAwarePolicy
 from prefixcache import KVBlockAllocator
 from prefixcache.errors import ConfigError
 from prefixcache.testing import PolicyContract
+from prefixcache.testing.pages import fragmented_pool, whole_free_pages
 
 
 class TestPageAwareContract(PolicyContract):
@@ -30,49 +30,17 @@ class TestPageAwareBoundContract(PolicyContract):
         return policy
 
 
-def free_pages(allocator: KVBlockAllocator, page_size: int) -> int:
-    free = np.zeros(allocator.num_usable, dtype=bool)
-    free[allocator._engine.free_ids()] = True
-    whole = allocator.num_usable // page_size * page_size
-    return int(free[:whole].reshape(-1, page_size).all(axis=1).sum())
-
-
-def mixed_pool(policy: object, page_size: int, seed: int) -> KVBlockAllocator:
-    """A full pool of requests of 1..8 blocks (each its own chain), a quarter still running."""
-    allocator = KVBlockAllocator(
-        total_count=257,
-        device="cpu",
-        engine="python",
-        free_list="lowest",
-        page_size_blocks=page_size,
-        eviction_policy=policy,
-        block_size_tokens=1,
-    )
-    rng = np.random.default_rng(seed)
-    requests, next_hash = [], 1
-    while allocator.stats().num_free:
-        count = min(int(rng.integers(1, 9)), allocator.stats().num_free)
-        ids = allocator.allocate_memory_blocks(count)
-        allocator.register_kv_block_hashes(ids, list(range(next_hash, next_hash + count)))
-        next_hash += count
-        requests.append(ids)
-    for index in rng.permutation(len(requests)):
-        if rng.random() >= 0.25:
-            allocator.release_memory_blocks(requests[index])
-    return allocator
-
-
 def test_page_aware_frees_more_pages_than_lru_over_seeds() -> None:
     """A heuristic: it may lose on one state (a page's cached blocks with children elsewhere)."""
     page_size, totals = 8, [0, 0]
     for seed in range(6):
-        lru = mixed_pool("lru", page_size, seed)
-        aware = mixed_pool(PageAwarePolicy(page_size), page_size, seed)
+        lru = fragmented_pool("lru", page_size, seed)
+        aware = fragmented_pool(PageAwarePolicy(page_size), page_size, seed)
         for allocator in (lru, aware):
             assert allocator.evict_cached_blocks(48) == 48
             allocator.check_invariants()
-        totals[0] += free_pages(lru, page_size)
-        totals[1] += free_pages(aware, page_size)
+        totals[0] += whole_free_pages(lru, page_size)
+        totals[1] += whole_free_pages(aware, page_size)
     assert totals[1] > totals[0]
 
 
