@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from prefixcache import policies
+from prefixcache import __version__, policies
 from prefixcache.cluster import add_cluster_arguments, cluster_main
 from prefixcache.errors import InvalidArgumentError, PrefixCacheError
 from prefixcache.reference.trace import TraceRequest, load_mooncake_trace, sample_trace_path
@@ -51,6 +51,16 @@ __all__ = ["main"]
 
 DEFAULT_CAPACITIES = (1000, 5000, 20000)
 DEFAULT_PLOT = "prefixcache_compare.png"
+LEFT_OUT_BY_DEFAULT = ("ref_zero", "priority")
+"""Policies ``compare`` runs only when named: ref_zero caches nothing (hit rate 0), and
+priority without retention hints (a trace has none) evicts exactly as lru."""
+
+
+def default_policies() -> tuple[str, ...]:
+    """The policies ``compare`` runs without ``--policies``."""
+    return tuple(name for name in policies.available() if name not in LEFT_OUT_BY_DEFAULT)
+
+
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 """Formats ``--plot`` writes; a name without a suffix gets ``.png``."""
 BYTES_PER_BLOCK = 512
@@ -99,14 +109,34 @@ class _BadArgument(Exception):
         self.argument = argument
 
 
+def _epilog() -> str:
+    """What ``--help`` says of the policies and the trace format."""
+    names = ", ".join(name for name in policies.available() if name != OPTIMUM_POLICY)
+    return (
+        f"policies: {names}; {OPTIMUM_POLICY} is the offline optimum (compare always runs it)."
+        "\n\ntrace: Mooncake JSONL, one request a line, e.g. "
+        '{"timestamp": 0, "input_length": 1024, "output_length": 64, "hash_ids": [1, 2]}: '
+        "hash_ids are the prompt's block IDs in order (blocks of 512 tokens), shared "
+        "between requests that share a prefix. Without --trace: the shipped sample."
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="prefixcache",
         description="Replay a Mooncake-format request trace through the prefix cache.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"prefixcache {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    one = commands.add_parser("replay", help="replay a trace with one policy and capacity")
+    one = commands.add_parser(
+        "replay",
+        help="replay a trace with one policy and capacity",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_trace_arguments(one)
     one.add_argument("--policy", default="lru", type=_policy_name, help="default: lru")
     one.add_argument(
@@ -127,14 +157,18 @@ def _parser() -> argparse.ArgumentParser:
     one.set_defaults(handler=_run_replay)
 
     many = commands.add_parser(
-        "compare", help="compare policies over capacities, with the offline optimum"
+        "compare",
+        help="compare policies over capacities, with the offline optimum",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_trace_arguments(many)
     many.add_argument(
         "--policies",
         type=_policy_list,
         default=None,
-        help="comma-separated names (default: every registered policy)",
+        help="comma-separated names (default: every registered policy but ref_zero, which "
+        "caches nothing, and priority, which is lru without retention hints)",
     )
     many.add_argument(
         "--capacities",
@@ -169,7 +203,11 @@ def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--limit", type=_positive, default=None, help="replay the first N requests (N >= 1)"
     )
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="hide the progress line (shown only when stderr is a terminal)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -261,7 +299,9 @@ def _plot_target(args: argparse.Namespace) -> Path | None:
     if getattr(args, "handler", None) is not _run_compare or args.no_plot:
         return None
     if args.workers is not None:
-        return None  # the cluster table has no plot
+        if args.plot is not None:
+            raise _BadArgument("--plot", "--workers prints the cluster table; it writes no plot")
+        return None
     if args.plot is None:
         return Path(DEFAULT_PLOT)
     target: Path = args.plot
@@ -342,7 +382,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     path, requests = args.trace_path, args.requests
     if args.host_capacity:
         return _run_tiered_replay(args)
-    result = replay(requests, args.capacity, args.policy, progress=not args.no_progress)
+    result = replay(requests, args.capacity, args.policy, progress=_progress(args))
     print(f"trace:         {path} ({result.num_requests} requests)")
     print(f"policy:        {result.policy}, capacity {result.capacity} blocks")
     print(f"hit rate:      {result.hit_rate:.3f} ({result.hit_blocks}/{result.prompt_blocks})")
@@ -383,7 +423,7 @@ def _run_tiered_replay(args: argparse.Namespace) -> int:
 def _run_compare(args: argparse.Namespace) -> int:
     if args.workers is not None:
         return cluster_main(args)  # the router table over simulated workers
-    names = args.policies if args.policies is not None else tuple(policies.available())
+    names = args.policies if args.policies is not None else default_policies()
     names = (*(name for name in names if name != OPTIMUM_POLICY), OPTIMUM_POLICY)
     if args.concurrency and not _has_sim():
         print(
@@ -393,7 +433,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     run = replay_concurrent if args.concurrency else replay
     path, requests = args.trace_path, args.requests
     results = {
-        (name, capacity): run(requests, capacity, name, progress=not args.no_progress)
+        (name, capacity): run(requests, capacity, name, progress=_progress(args))
         for capacity in args.capacities
         for name in names
     }
@@ -414,6 +454,11 @@ _MODES = {
         "hit rate = prompt tokens served from cache / prompt tokens"
     ),
 }
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Draw progress only for a person watching: not asked away, and stderr a terminal."""
+    return not args.no_progress and sys.stderr.isatty()
 
 
 def _has_sim() -> bool:

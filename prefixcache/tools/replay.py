@@ -172,7 +172,8 @@ def replay(
         device="cpu",
     )
     hit_blocks = tokens_saved = 0
-    with _progress_bar(len(requests), enabled=progress) as advance:
+    label = f"{policy}, {capacity} blocks"
+    with _progress_bar(len(requests), enabled=progress, label=label) as advance:
         for index, (request, hashes) in enumerate(zip(requests, chains, strict=True)):
             if oracle is not None:
                 oracle.first_pending = index + 1
@@ -368,7 +369,7 @@ def replay_concurrent(
         oracle.hash_of = sim.allocator.registry.hash_of
     for sim_request in sim_requests:
         sim.submit(sim_request)
-    _run_loop(sim, oracle, len(requests), progress)
+    _run_loop(sim, oracle, len(requests), progress, f"{policy}, {capacity} blocks")
     report = sim.report()
     return ConcurrentReplayResult(
         policy=policy,
@@ -385,11 +386,15 @@ def replay_concurrent(
 
 
 def _run_loop(
-    sim: DynamicBatchingSim, oracle: _NextUseOracle | None, num_requests: int, progress: bool
+    sim: DynamicBatchingSim,
+    oracle: _NextUseOracle | None,
+    num_requests: int,
+    progress: bool,
+    label: str,
 ) -> None:
     """Step ``sim`` until every request finished, keeping the oracle's frontier current."""
     num_finished = 0
-    with _progress_bar(num_requests, enabled=progress) as advance:
+    with _progress_bar(num_requests, enabled=progress, label=label) as advance:
         while not sim.is_done:
             step = sim.step()
             num_finished += step.num_finished
@@ -399,11 +404,12 @@ def _run_loop(
 
 
 @contextmanager
-def _progress_bar(total: int, *, enabled: bool) -> Iterator[Callable[[int], None]]:
+def _progress_bar(total: int, *, enabled: bool, label: str = "") -> Iterator[Callable[[int], None]]:
     """Yield an ``advance(n)`` callable; draw progress when enabled and the run is long.
 
     Uses tqdm when it is installed (an optional dependency), else rewrites a
-    counter on stderr every 1% of the run.
+    counter on stderr every 1% of the run; both name the run (``label``: the
+    policy and the capacity).
     """
     if not enabled or total < _PROGRESS_MIN_REQUESTS:
         yield lambda n: None
@@ -413,17 +419,18 @@ def _progress_bar(total: int, *, enabled: bool) -> Iterator[Callable[[int], None
     except ImportError:
         tqdm = None
     if tqdm is not None:
-        with tqdm(total=total, unit="req", leave=False) as bar:
+        with tqdm(total=total, unit="req", leave=False, desc=label or None) as bar:
             yield bar.update
         return
     step = max(1, total // 100)
     done = 0
+    prefix = f"{label}: " if label else ""
 
     def advance(n: int) -> None:
         nonlocal done
         before, done = done, done + n
         if done // step > before // step or (n and done == total):
-            print(f"\r{done}/{total} requests", end="", file=sys.stderr, flush=True)
+            print(f"\r{prefix}{done}/{total} requests", end="", file=sys.stderr, flush=True)
 
     yield advance
     print(file=sys.stderr)

@@ -200,3 +200,53 @@ def test_more_workers_than_blocks(
 ) -> None:
     argv = ["compare", "--trace", str(trace), "--workers", "4", "--total-capacity", "2"]
     refused(capsys, argv, "--total-capacity", "cannot be split over 4")
+
+
+# ---------------------------------------------------------------------- issue 29, item 7
+
+
+def test_plot_is_refused_where_it_would_be_ignored(
+    trace: Path, no_work: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["compare", "--trace", str(trace), "--workers", "2", "--plot", str(tmp_path / "p.png")]
+    refused(capsys, argv, "--plot", "--workers prints the cluster table")
+
+
+def test_version_and_help_say_what_a_user_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    from prefixcache import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"prefixcache {__version__}"
+    for argv in (["--help"], ["compare", "--help"], ["replay", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        text = capsys.readouterr().out
+        for needed in ("s3fifo", "auto", "belady", "hash_ids", "Mooncake JSONL"):
+            assert needed in text, (argv, needed)
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_progress_is_drawn_only_on_a_terminal_and_names_the_run(
+    terminal: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "tqdm", None)  # the plain counter
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: terminal)
+    assert cli.main(["replay", "--limit", "600", "--capacity", "200"]) == 0
+    err = capsys.readouterr().err
+    assert ("lru, 200 blocks: 600/600 requests" in err) is terminal, err
+
+
+def test_compare_leaves_out_what_would_only_repeat_by_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["compare", "--limit", "30", "--capacities", "50", "--no-plot", "--no-progress"]
+    assert cli.main(argv) == 0
+    policies_shown = {
+        line.split("|")[1].strip()
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
+    assert not set(cli.LEFT_OUT_BY_DEFAULT) & policies_shown
+    assert {"lru", "s3fifo", "auto", "belady"} <= policies_shown

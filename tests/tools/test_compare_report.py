@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prefixcache.policies import available
 
-from prefixcache.tools.cli import main
+from prefixcache.tools.cli import LEFT_OUT_BY_DEFAULT, main
 from prefixcache.tools.compare_report import build_figure, share_table, styles
 from prefixcache.tools.replay import OPTIMUM_POLICY, ReplayResult
 
@@ -33,8 +33,9 @@ def test_compare_runs_auto_by_default_and_prints_the_share_table(
     }
     assert ("auto", "30") in first and ("auto", "200") in first  # auto is in the default list
     shares = {c[0]: [cell.strip("*") for cell in c[1:]] for c in map(cells, rows[split + 1 :])}
-    assert set(available()) - {OPTIMUM_POLICY} <= set(shares)
-    for name in set(available()) - {OPTIMUM_POLICY}:  # the same share as the long table's
+    defaults = set(available()) - {OPTIMUM_POLICY, *LEFT_OUT_BY_DEFAULT}
+    assert defaults <= set(shares) and not set(LEFT_OUT_BY_DEFAULT) & set(shares)
+    for name in defaults:  # the same share as the long table's
         assert shares[name] == [first[name, "30"][1], first[name, "200"][1]]
     assert shares[f"{OPTIMUM_POLICY} (hit rate)"] == [
         f"{first[OPTIMUM_POLICY, '30'][0]:.3f}",
