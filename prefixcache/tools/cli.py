@@ -17,29 +17,38 @@ Both replay the no-concurrency model of :mod:`prefixcache.tools.replay`
 ``compare --concurrency`` replays through the dynamic-batching loop of
 ``prefixcache.reference.sim`` instead.
 
-Every argument is checked before any replay starts: the trace is read and
-parsed whole, sizes are checked against this machine's memory, the plot's
-folder must exist. A bad argument prints one line, ``prefixcache: error:
-argument --NAME: why``, and exits with status 2; a failure during a run exits
-with 1.
+Every argument is checked before any replay starts
+(:mod:`prefixcache.tools.cli_arguments`): the trace is read and parsed whole,
+sizes are checked against this machine's memory, the plot's folder must exist.
+A bad argument prints one line, ``prefixcache: error: argument --NAME: why``,
+and exits with status 2; a failure during a run exits with 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
+import importlib.metadata
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from prefixcache import __version__, policies
+from prefixcache import policies
 from prefixcache.cluster import add_cluster_arguments, cluster_main
-from prefixcache.errors import InvalidArgumentError, PrefixCacheError
-from prefixcache.reference.trace import TraceRequest, load_mooncake_trace, sample_trace_path
-from prefixcache.tiers import UNUSABLE_POLICIES, TieredReplayResult, replay_tiered
+from prefixcache.errors import PrefixCacheError
+from prefixcache.tiers import TieredReplayResult, replay_tiered
+from prefixcache.tools.cli_arguments import (
+    DEFAULT_PLOT,
+    BadArgument,
+    check_arguments,
+    non_negative,
+    policy_list,
+    policy_name,
+    positive,
+    positive_list,
+)
 from prefixcache.tools.compare_report import results_table, share_table, write_plot
 from prefixcache.tools.replay import (
     OPTIMUM_POLICY,
@@ -50,7 +59,6 @@ from prefixcache.tools.replay import (
 __all__ = ["main"]
 
 DEFAULT_CAPACITIES = (1000, 5000, 20000)
-DEFAULT_PLOT = "prefixcache_compare.png"
 LEFT_OUT_BY_DEFAULT = ("ref_zero", "priority")
 """Policies ``compare`` runs only when named: ref_zero caches nothing (hit rate 0), and
 priority without retention hints (a trace has none) evicts exactly as lru."""
@@ -59,13 +67,6 @@ priority without retention hints (a trace has none) evicts exactly as lru."""
 def default_policies() -> tuple[str, ...]:
     """The policies ``compare`` runs without ``--policies``."""
     return tuple(name for name in policies.available() if name not in LEFT_OUT_BY_DEFAULT)
-
-
-PLOT_SUFFIXES = (".png", ".pdf", ".svg")
-"""Formats ``--plot`` writes; a name without a suffix gets ``.png``."""
-BYTES_PER_BLOCK = 512
-"""A bound on the host memory one block of capacity costs a replay (the allocator
-measures about 185 bytes a cached block; policies, hashes and the trace add to it)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     try:
-        _check_arguments(args)
-    except _BadArgument as exc:
+        check_arguments(args)
+    except BadArgument as exc:
         print(f"prefixcache: error: argument {exc.argument}: {exc}", file=sys.stderr)
         return 2
     try:
@@ -101,14 +102,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-class _BadArgument(Exception):
-    """An argument that parsed but cannot be used; exits with status 2."""
-
-    def __init__(self, argument: str, message: str) -> None:
-        super().__init__(message)
-        self.argument = argument
-
-
 def _epilog() -> str:
     """What ``--help`` says of the policies and the trace format."""
     names = ", ".join(name for name in policies.available() if name != OPTIMUM_POLICY)
@@ -121,6 +114,14 @@ def _epilog() -> str:
     )
 
 
+def _version() -> str:
+    """The installed distribution's version (the package itself sits above this layer)."""
+    try:
+        return importlib.metadata.version("prefixcache")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="prefixcache",
@@ -128,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"prefixcache {__version__}")
+    parser.add_argument("--version", action="version", version=f"prefixcache {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     one = commands.add_parser(
@@ -138,20 +139,20 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_trace_arguments(one)
-    one.add_argument("--policy", default="lru", type=_policy_name, help="default: lru")
+    one.add_argument("--policy", default="lru", type=policy_name, help="default: lru")
     one.add_argument(
-        "--capacity", default=5000, type=_positive, help="cached blocks (default: 5000)"
+        "--capacity", default=5000, type=positive, help="cached blocks (default: 5000)"
     )
     one.add_argument(
         "--host-capacity",
         default=0,
-        type=_non_negative,
+        type=non_negative,
         help="host tier slots behind the device pool (default: 0, no host tier)",
     )
     one.add_argument(
         "--host-policy",
         default=None,
-        type=_policy_name,
+        type=policy_name,
         help="the host tier's eviction policy (default: lru; needs --host-capacity)",
     )
     one.set_defaults(handler=_run_replay)
@@ -165,14 +166,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_trace_arguments(many)
     many.add_argument(
         "--policies",
-        type=_policy_list,
+        type=policy_list,
         default=None,
         help="comma-separated names (default: every registered policy but ref_zero, which "
         "caches nothing, and priority, which is lru without retention hints)",
     )
     many.add_argument(
         "--capacities",
-        type=_positive_list,
+        type=positive_list,
         default=DEFAULT_CAPACITIES,
         help="comma-separated capacities in blocks (default: 1000,5000,20000)",
     )
@@ -201,181 +202,13 @@ def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
         "--trace", type=Path, default=None, help="JSONL trace (default: the shipped sample)"
     )
     parser.add_argument(
-        "--limit", type=_positive, default=None, help="replay the first N requests (N >= 1)"
+        "--limit", type=positive, default=None, help="replay the first N requests (N >= 1)"
     )
     parser.add_argument(
         "--no-progress",
         action="store_true",
         help="hide the progress line (shown only when stderr is a terminal)",
     )
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
-    return value
-
-
-def _positive_list(text: str) -> tuple[int, ...]:
-    return tuple(dict.fromkeys(_positive(part) for part in text.split(",")))
-
-
-def _check_arguments(args: argparse.Namespace) -> None:
-    """Check what argparse cannot, and load the trace, before any replay runs.
-
-    Sets ``args.trace_path``, ``args.requests`` and ``args.plot_target``.
-
-    Raises:
-        _BadArgument: naming the argument and the reason.
-    """
-    if hasattr(args, "capacity"):
-        _check_memory("--capacity", args.capacity)
-        _check_host_tier(args)
-    else:
-        _check_memory("--capacities", max(args.capacities))
-    total = getattr(args, "total_capacity", None)
-    if total is not None:
-        if total < 1:
-            raise _BadArgument("--total-capacity", f"expected an int >= 1, got {total}")
-        _check_memory("--total-capacity", total)
-        most = max(getattr(args, "workers", None) or [1])
-        if total < most:
-            raise _BadArgument(
-                "--total-capacity", f"{total} blocks cannot be split over {most} workers"
-            )
-    args.plot_target = _plot_target(args)
-    args.trace_path, args.requests = _load(args)
-
-
-def _check_host_tier(args: argparse.Namespace) -> None:
-    """``replay``'s host tier options: a usable policy, and a policy only with a tier."""
-    if not args.host_capacity:
-        if args.host_policy is not None:
-            raise _BadArgument("--host-policy", "needs --host-capacity >= 1")
-        return
-    _check_memory("--host-capacity", args.capacity + args.host_capacity)
-    if args.host_policy is None:
-        args.host_policy = "lru"
-    for argument, name in (("--policy", args.policy), ("--host-policy", args.host_policy)):
-        if name in UNUSABLE_POLICIES:
-            raise _BadArgument(argument, f"policy {name!r} cannot run with a host tier")
-
-
-def _check_memory(argument: str, num_blocks: int) -> None:
-    needed = num_blocks * BYTES_PER_BLOCK
-    available = _physical_memory()
-    if available is not None and needed > available:
-        raise _BadArgument(
-            argument,
-            f"{num_blocks:,} blocks need about {needed / 2**30:,.1f} GiB of host memory; "
-            f"this machine has {available / 2**30:,.1f} GiB",
-        )
-
-
-def _physical_memory() -> int | None:
-    """Bytes of physical memory, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def _plot_target(args: argparse.Namespace) -> Path | None:
-    """Where ``compare`` writes its plot (None: no plot), checked before the replays."""
-    if getattr(args, "handler", None) is not _run_compare or args.no_plot:
-        return None
-    if args.workers is not None:
-        if args.plot is not None:
-            raise _BadArgument("--plot", "--workers prints the cluster table; it writes no plot")
-        return None
-    if args.plot is None:
-        return Path(DEFAULT_PLOT)
-    target: Path = args.plot
-    if target.is_dir():
-        raise _BadArgument("--plot", f"{target} is a folder")
-    if not target.suffix:
-        target = target.with_suffix(".png")  # what matplotlib would write: say so
-    if target.suffix.lower() not in PLOT_SUFFIXES:
-        raise _BadArgument(
-            "--plot", f"{target} has suffix {target.suffix!r}; use one of {PLOT_SUFFIXES}"
-        )
-    if not target.parent.is_dir():
-        raise _BadArgument("--plot", f"folder {target.parent} does not exist")
-    if target.is_dir():
-        raise _BadArgument("--plot", f"{target} is a folder")
-    _probe_writable(target)
-    if not _has_matplotlib():
-        raise _BadArgument(
-            "--plot", "writing a plot needs matplotlib: pip install 'prefixcache[plot]'"
-        )
-    return target
-
-
-def _probe_writable(target: Path) -> None:
-    """Open ``target`` for appending (removing it again if it is new), so a plot that could
-    not be written fails now, not after the replays."""
-    existed = target.exists()
-    try:
-        with target.open("ab"):
-            pass
-        if not existed:
-            target.unlink()
-    except OSError as exc:
-        raise _BadArgument("--plot", f"cannot write {target}: {exc.strerror or exc}") from exc
-
-
-def _has_matplotlib() -> bool:
-    try:
-        importlib.import_module("matplotlib.figure")
-    except ImportError:
-        return False
-    return True
-
-
-def _policy_name(text: str) -> str:
-    known = policies.available()
-    if text not in known:
-        raise argparse.ArgumentTypeError(
-            f"unknown policy {text!r}; known policies: {', '.join(known)}"
-        )
-    return text
-
-
-def _policy_list(text: str) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(_policy_name(part.strip()) for part in text.split(",")))
-
-
-def _load(args: argparse.Namespace) -> tuple[Path, list[TraceRequest]]:
-    path = args.trace if args.trace is not None else sample_trace_path()
-    try:
-        requests = load_mooncake_trace(path, limit=args.limit)
-    except OSError as exc:
-        raise _BadArgument("--trace", f"cannot read {path}: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise _BadArgument(
-            "--trace",
-            f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} "
-            f"at offset {exc.start} of a read chunk)",
-        ) from exc
-    except InvalidArgumentError as exc:
-        raise _BadArgument("--trace", f"not a Mooncake JSONL trace: {exc}") from exc
-    if not requests:
-        raise _BadArgument("--trace", f"{path} holds no requests")
-    return path, requests
 
 
 def _run_replay(args: argparse.Namespace) -> int:

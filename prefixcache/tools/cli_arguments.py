@@ -1,0 +1,203 @@
+"""The ``prefixcache`` command's arguments: parsed types and every check before any replay.
+
+Every argument is checked before any replay starts: the trace is read and
+parsed whole, sizes are checked against this machine's memory, the plot's
+folder must exist and be writable. A bad argument raises :class:`BadArgument`,
+which the command prints as one line, ``prefixcache: error: argument --NAME:
+why``, exiting with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+from pathlib import Path
+
+from prefixcache import policies
+from prefixcache.errors import InvalidArgumentError
+from prefixcache.reference.trace import TraceRequest, load_mooncake_trace, sample_trace_path
+from prefixcache.tiers import UNUSABLE_POLICIES
+
+DEFAULT_PLOT = "prefixcache_compare.png"
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+"""Formats ``--plot`` writes; a name without a suffix gets ``.png``."""
+BYTES_PER_BLOCK = 512
+"""A bound on the host memory one block of capacity costs a replay (the allocator
+measures about 185 bytes a cached block; policies, hashes and the trace add to it)."""
+
+
+class BadArgument(Exception):
+    """An argument that parsed but cannot be used; exits with status 2."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return value
+
+
+def positive_list(text: str) -> tuple[int, ...]:
+    return tuple(dict.fromkeys(positive(part) for part in text.split(",")))
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Check what argparse cannot, and load the trace, before any replay runs.
+
+    Sets ``args.trace_path``, ``args.requests`` and ``args.plot_target``.
+
+    Raises:
+        BadArgument: naming the argument and the reason.
+    """
+    if hasattr(args, "capacity"):
+        _check_memory("--capacity", args.capacity)
+        _check_host_tier(args)
+    else:
+        _check_memory("--capacities", max(args.capacities))
+    total = getattr(args, "total_capacity", None)
+    if total is not None:
+        if total < 1:
+            raise BadArgument("--total-capacity", f"expected an int >= 1, got {total}")
+        _check_memory("--total-capacity", total)
+        most = max(getattr(args, "workers", None) or [1])
+        if total < most:
+            raise BadArgument(
+                "--total-capacity", f"{total} blocks cannot be split over {most} workers"
+            )
+    args.plot_target = _plot_target(args)
+    args.trace_path, args.requests = _load(args)
+
+
+def _check_host_tier(args: argparse.Namespace) -> None:
+    """``replay``'s host tier options: a usable policy, and a policy only with a tier."""
+    if not args.host_capacity:
+        if args.host_policy is not None:
+            raise BadArgument("--host-policy", "needs --host-capacity >= 1")
+        return
+    _check_memory("--host-capacity", args.capacity + args.host_capacity)
+    if args.host_policy is None:
+        args.host_policy = "lru"
+    for argument, name in (("--policy", args.policy), ("--host-policy", args.host_policy)):
+        if name in UNUSABLE_POLICIES:
+            raise BadArgument(argument, f"policy {name!r} cannot run with a host tier")
+
+
+def _check_memory(argument: str, num_blocks: int) -> None:
+    needed = num_blocks * BYTES_PER_BLOCK
+    available = _physical_memory()
+    if available is not None and needed > available:
+        raise BadArgument(
+            argument,
+            f"{num_blocks:,} blocks need about {needed / 2**30:,.1f} GiB of host memory; "
+            f"this machine has {available / 2**30:,.1f} GiB",
+        )
+
+
+def _physical_memory() -> int | None:
+    """Bytes of physical memory, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _plot_target(args: argparse.Namespace) -> Path | None:
+    """Where ``compare`` writes its plot (None: no plot), checked before the replays."""
+    if getattr(args, "command", None) != "compare" or args.no_plot:
+        return None
+    if args.workers is not None:
+        if args.plot is not None:
+            raise BadArgument("--plot", "--workers prints the cluster table; it writes no plot")
+        return None
+    if args.plot is None:
+        return Path(DEFAULT_PLOT)
+    target: Path = args.plot
+    if target.is_dir():
+        raise BadArgument("--plot", f"{target} is a folder")
+    if not target.suffix:
+        target = target.with_suffix(".png")  # what matplotlib would write: say so
+    if target.suffix.lower() not in PLOT_SUFFIXES:
+        raise BadArgument(
+            "--plot", f"{target} has suffix {target.suffix!r}; use one of {PLOT_SUFFIXES}"
+        )
+    if not target.parent.is_dir():
+        raise BadArgument("--plot", f"folder {target.parent} does not exist")
+    if target.is_dir():
+        raise BadArgument("--plot", f"{target} is a folder")
+    _probe_writable(target)
+    if not has_matplotlib():
+        raise BadArgument(
+            "--plot", "writing a plot needs matplotlib: pip install 'prefixcache[plot]'"
+        )
+    return target
+
+
+def _probe_writable(target: Path) -> None:
+    """Open ``target`` for appending (removing it again if it is new), so a plot that could
+    not be written fails now, not after the replays."""
+    existed = target.exists()
+    try:
+        with target.open("ab"):
+            pass
+        if not existed:
+            target.unlink()
+    except OSError as exc:
+        raise BadArgument("--plot", f"cannot write {target}: {exc.strerror or exc}") from exc
+
+
+def has_matplotlib() -> bool:
+    try:
+        importlib.import_module("matplotlib.figure")
+    except ImportError:
+        return False
+    return True
+
+
+def policy_name(text: str) -> str:
+    known = policies.available()
+    if text not in known:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {text!r}; known policies: {', '.join(known)}"
+        )
+    return text
+
+
+def policy_list(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(policy_name(part.strip()) for part in text.split(",")))
+
+
+def _load(args: argparse.Namespace) -> tuple[Path, list[TraceRequest]]:
+    path = args.trace if args.trace is not None else sample_trace_path()
+    try:
+        requests = load_mooncake_trace(path, limit=args.limit)
+    except OSError as exc:
+        raise BadArgument("--trace", f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise BadArgument(
+            "--trace",
+            f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+            f"at offset {exc.start} of a read chunk)",
+        ) from exc
+    except InvalidArgumentError as exc:
+        raise BadArgument("--trace", f"not a Mooncake JSONL trace: {exc}") from exc
+    if not requests:
+        raise BadArgument("--trace", f"{path} holds no requests")
+    return path, requests
