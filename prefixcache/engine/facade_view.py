@@ -16,6 +16,7 @@ import torch
 
 from prefixcache.engine.block_ids import BlockIdsLike
 from prefixcache.engine.core import EngineCore
+from prefixcache.engine.events import KVEventLog
 
 __all__ = ["FacadeView"]
 
@@ -24,6 +25,7 @@ class FacadeView(Protocol):
     """The members of ``KVBlockAllocator`` its request path and sessions call."""
 
     _engine: EngineCore
+    events: KVEventLog | None
     _num_rejected: int
     _track_changes: bool
     block_size_tokens: int

@@ -56,6 +56,15 @@ def _row_array(out_row: Any) -> np.ndarray:
     return row
 
 
+def _event_tokens(allocator: FacadeView, tokens: Any, start: int, stop: int) -> Any:
+    """``tokens[start:stop]`` for the KV events of a registration; None when events are off."""
+    if allocator.events is None:
+        return None
+    if isinstance(tokens, torch.Tensor):
+        return tokens[start:stop]
+    return np.asarray(tokens)[start:stop]
+
+
 def _num_tokens(tokens: Any) -> int:
     if isinstance(tokens, torch.Tensor):
         return int(tokens.numel())
@@ -163,6 +172,8 @@ class RequestPathMethods:
                 new[: num_full - num_hit],
                 hashes[num_hit:num_full],
                 parent_hash=hashes[num_hit - 1] if num_hit else None,
+                # Routers (llm-d, NVIDIA Dynamo) key their index by these tokens.
+                token_ids=_event_tokens(allocator, tokens, num_hit * size, num_full * size),
                 fingerprints=None if checks is None else checks[num_hit:num_full],
             )
         row[:num_hit] = hit

@@ -208,6 +208,7 @@ class Session:
                 new[: num_full - num_hit],
                 hashes_after[first:],
                 self._hash_at(num_hit - 1, new_hashes),
+                self._tokens_of_blocks(num_hit, num_full, prompt, known),
             )
         self._grow(num_blocks)
         if not intact:
@@ -250,7 +251,12 @@ class Session:
             self._num_held += needed
         if filled:
             known = len(self._hashes)
-            self._register(self._ids[known : known + len(filled)], filled, parent)
+            self._register(
+                self._ids[known : known + len(filled)],
+                filled,
+                parent,
+                pending[: len(filled) * size],
+            )
             self._hashes.extend(filled)
         self._pending = pending[len(filled) * size :].copy()
         self._num_tokens = num_tokens
@@ -298,11 +304,17 @@ class Session:
         assert fresh is not None  # room was checked
         return fresh
 
-    def _register(self, block_ids: np.ndarray, hashes: list[int], parent: int | None) -> None:
-        """Register a run of this session's blocks; notes a hash held elsewhere."""
+    def _register(
+        self, block_ids: np.ndarray, hashes: list[int], parent: int | None, tokens: np.ndarray
+    ) -> None:
+        """Register a run of this session's blocks (``tokens``: theirs, for KV events); notes
+        a hash held elsewhere."""
         host = self._host
         if host._track_changes:
-            carried = host.register_kv_block_hashes(block_ids, hashes, parent_hash=parent)
+            token_ids = tokens if host.events is not None and len(tokens) else None
+            carried = host.register_kv_block_hashes(
+                block_ids, hashes, parent_hash=parent, token_ids=token_ids
+            )
             holds = carried.numpy()
         elif host.enable_prefix_caching:
             holds, _ = host._engine.register(self._engine_ids(block_ids), hashes, parent)
@@ -313,6 +325,20 @@ class Session:
     def _engine_ids(self, block_ids: np.ndarray) -> np.ndarray:
         """IDs as the engine indexes with them (the Python engine: intp, like the facade)."""
         return block_ids if self._host._engine.name == "native" else block_ids.astype(np.intp)
+
+    def _tokens_of_blocks(
+        self, first: int, stop: int, prompt: np.ndarray, known: int
+    ) -> np.ndarray:
+        """The tokens of the prompt's blocks ``first..stop-1``, for KV events.
+
+        ``prompt`` holds the tokens after the ``known`` remembered full blocks;
+        blocks before them (re-registered after an eviction) are not kept by the
+        session: the empty array, and the run's events carry no tokens.
+        """
+        size = self._host.block_size_tokens
+        if first < known:
+            return _EMPTY
+        return prompt[(first - known) * size : (stop - known) * size]
 
     def _hash_at(self, index: int, new_hashes: list[int]) -> int | None:
         """The hash of block ``index`` of the prompt (None before the first)."""

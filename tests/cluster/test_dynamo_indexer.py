@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("zmq")
@@ -165,3 +166,40 @@ def test_indexer_overlap_equals_what_each_allocator_serves(indexer: tuple) -> No
     finally:
         for worker in workers:
             worker.publisher.close()
+
+
+def test_the_fast_calls_publish_tokens_a_router_keys_by(indexer: tuple) -> None:
+    """Issue 29, item 3: admit_request and a session's turns store their blocks' tokens.
+
+    Before, ``admit_request`` published ``BlockStored`` with empty ``token_ids``: the
+    indexer, which keys by the tokens, found nothing for any prompt.
+    """
+    client, _ = indexer
+    allocator = KVBlockAllocator(
+        total_count=64, block_size_tokens=BLOCK, device="cpu", kv_events_capacity=1_000
+    )
+    publisher = ZmqEventPublisher("tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+    try:
+        client.register(9, publisher.endpoint, publisher.replay_endpoint)
+        prompt = FAMILIES[0][: 3 * BLOCK + 2]
+        row = np.zeros(8, dtype=np.int32)
+        allocator.admit_request(prompt, row)
+        session = allocator.open_session()
+        turn = FAMILIES[1][: 2 * BLOCK]
+        session.admit(turn)
+        session.append(FAMILIES[1][2 * BLOCK : 3 * BLOCK])  # decode fills a third block
+        publisher.drain(allocator)
+        expected = {
+            tuple(prompt): 3 * BLOCK,  # full blocks only
+            tuple(FAMILIES[1][: 3 * BLOCK]): 3 * BLOCK,
+        }
+        deadline = time.monotonic() + SETTLE_SECONDS
+        seen: dict[tuple[int, ...], int] = {}
+        while time.monotonic() < deadline:
+            seen = {p: client.overlap_tokens(list(p)).get(9, 0) for p in expected}
+            if seen == expected:
+                break
+            time.sleep(0.1)
+        assert seen == expected
+    finally:
+        publisher.close()
