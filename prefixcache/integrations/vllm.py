@@ -46,7 +46,9 @@ as vLLM's queue (the scheduler owns its pool).
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -121,6 +123,7 @@ class _Patch:
 
 _FACTORY = _QueueFactory()
 _patches: list[_Patch] = []
+_LOG = logging.getLogger(__name__)
 
 
 def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any) -> None:
@@ -151,6 +154,13 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
         current = pool_class.__dict__[method]
         if not hasattr(current, _MARK):
             _patch(pool_class, method, wrap(current))
+    # One line at start-up says what runs: a user reading vLLM's log sees the policy.
+    _LOG.info(
+        "prefixcache %s: vLLM %s block pools built from now on evict with policy %r",
+        _distribution_version(),
+        getattr(importlib.import_module("vllm"), "__version__", "unknown"),
+        name,
+    )
 
 
 def uninstall() -> bool:
@@ -226,6 +236,14 @@ def _policy_factory(
     if not isinstance(sample, EvictionPolicy):
         raise ConfigError(f"policy {name!r} built {sample!r}, which is no EvictionPolicy")
     return make, name
+
+
+def _distribution_version() -> str:
+    """prefixcache's installed version, for the start-up line."""
+    try:
+        return importlib.metadata.version("prefixcache")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 def _block_pool_module() -> Any:

@@ -285,6 +285,17 @@ def test_install_puts_a_policy_queue_in_new_pools_and_uninstall_restores_vllm(
     assert plugin.installed_policy() is None and plugin.uninstall() is False
 
 
+def test_install_says_what_runs_in_one_log_line(
+    block_pool: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29, item 6: vLLM's log names the policy and the versions at start-up."""
+    with caplog.at_level("INFO", logger="prefixcache.integrations.vllm"):
+        plugin.install("s3fifo")
+    lines = [r.getMessage() for r in caplog.records if r.name == "prefixcache.integrations.vllm"]
+    assert len(lines) == 1, lines
+    assert "vLLM 0.33.0" in lines[0] and "'s3fifo'" in lines[0] and "prefixcache " in lines[0]
+
+
 def test_install_is_idempotent_and_the_last_policy_wins(block_pool: Any) -> None:
     plugin.install("lru")
     plugin.install("slru")
