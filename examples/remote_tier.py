@@ -3,7 +3,7 @@
 Each instance has its own device pool and host tier; blocks its host tier
 evicts are written to Redis (asynchronously, through a bounded queue), and a
 match that runs past the host tier asks Redis for the following blocks in
-one round trip. Needs ``pip install 'prefixcache[remote]'`` and a server:
+one round trip. Needs ``pip install -e '.[remote]' in a clone`` and a server:
 
     python examples/remote_tier.py                        # starts a redis-server of its own
     python examples/remote_tier.py redis://127.0.0.1:6379/0   # or uses yours

@@ -156,7 +156,8 @@ class TierPrometheusExporter:
             import prometheus_client
         except ImportError as exc:
             raise ImportError(
-                "TierPrometheusExporter needs prometheus_client: pip install 'prefixcache[metrics]'"
+                "TierPrometheusExporter needs prometheus_client: "
+                "pip install -e '.[metrics]' in a clone"
             ) from exc
         self.tiered, self.requests = tiered, requests
         self.namespace = namespace

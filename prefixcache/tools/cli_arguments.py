@@ -145,7 +145,7 @@ def _plot_target(args: argparse.Namespace) -> Path | None:
     _probe_writable(target)
     if not has_matplotlib():
         raise BadArgument(
-            "--plot", "writing a plot needs matplotlib: pip install 'prefixcache[plot]'"
+            "--plot", "writing a plot needs matplotlib: pip install -e '.[plot]' in a clone"
         )
     return target
 

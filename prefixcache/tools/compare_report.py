@@ -164,7 +164,7 @@ def write_plot(
     try:
         figure = build_figure(results, names, capacities, title)
     except ImportError:
-        print("note: no plot written; install matplotlib (pip install 'prefixcache[plot]')")
+        print("note: no plot written; install matplotlib (pip install -e '.[plot]' in a clone)")
         return 0
     figure.savefig(target, dpi=120)
     print(f"plot written to {target}")

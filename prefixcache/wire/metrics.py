@@ -223,7 +223,7 @@ class PrometheusExporter:
             import prometheus_client
         except ImportError as exc:
             raise ImportError(
-                "PrometheusExporter needs prometheus_client: pip install 'prefixcache[metrics]'"
+                "PrometheusExporter needs prometheus_client: pip install -e '.[metrics]' in a clone"
             ) from exc
         self._client = prometheus_client
         self.allocator = allocator

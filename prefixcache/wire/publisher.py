@@ -41,7 +41,7 @@ A router that joins late asks the replay socket, or the engine publishes
 
 Endpoints default to the loopback interface; binding elsewhere is the
 caller's explicit choice. Needs the ``events`` extra
-(``pip install 'prefixcache[events]'``: pyzmq and msgspec).
+(``pip install -e '.[events]' in a clone``: pyzmq and msgspec).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ try:
     import zmq
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "prefixcache.wire.publisher needs pyzmq and msgspec: pip install 'prefixcache[events]'"
+        "prefixcache.wire.publisher needs pyzmq and msgspec: pip install -e '.[events]' in a clone"
     ) from exc
 
 __all__ = ["ENCODINGS", "END_SEQ", "ZmqEventPublisher", "encode_batch", "encode_event"]
