@@ -30,12 +30,12 @@ from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.block_ids import BlockIdsLike, to_block_ids
 from prefixcache.engine.events import KVCacheEvent
 from prefixcache.engine.prefix_hashing import max_hash_of, to_hash, to_hash_list
-from prefixcache.engine.stats import AllocatorStats
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import ConfigError, InvalidArgumentError
 from prefixcache.tiers.epochs import WeightEpochs
-from prefixcache.tiers.host import HostTier, HostTierStats
+from prefixcache.tiers.host import HostTier
 from prefixcache.tiers.remote import RemoteTier
+from prefixcache.tiers.tiered_results import TieredMatch, TieredStats
 from prefixcache.tiers.transfer import DEMOTE, LOAD, PROMOTE, STORE, HostKVStore, TransferPlan
 
 
@@ -47,50 +47,6 @@ class _Held:
     parent_hash: int | None
     depth: int
     epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class TieredMatch:
-    """The result of :meth:`TieredCache.match`.
-
-    Attributes:
-        block_ids: int32 IDs of the whole matched prefix, each with one active
-            reference for the caller: device hits, then promoted blocks.
-        num_device_blocks: how many came from the device pool.
-        num_host_blocks: how many were promoted from the host tier (their
-            K/V arrives with the copies of :meth:`TieredCache.take_transfer`).
-        plan: the copies this match queued (demotions of the blocks it
-            allocated, then its promotions); already in the tier's queue.
-        num_remote_blocks: how many came from the remote tier (loaded into
-            host slots, then promoted like host hits).
-    """
-
-    block_ids: np.ndarray
-    num_device_blocks: int
-    num_host_blocks: int
-    plan: TransferPlan
-    num_remote_blocks: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TieredStats:
-    """Counts per tier, plain values (``as_dict`` for JSON)."""
-
-    device: AllocatorStats
-    host: HostTierStats
-    num_demoted_blocks: int
-    num_promoted_blocks: int
-    weight_epoch: int
-
-    def as_dict(self) -> dict[str, Any]:
-        """Nested plain dicts: ``{"device": {...}, "host": {...}, ...}``."""
-        return {
-            "device": self.device.as_dict(),
-            "host": self.host.as_dict(),
-            "num_demoted_blocks": self.num_demoted_blocks,
-            "num_promoted_blocks": self.num_promoted_blocks,
-            "weight_epoch": self.weight_epoch,
-        }
 
 
 class TieredCache:

@@ -1,0 +1,45 @@
+"""Seeded generators of Mooncake-format traces, for judging eviction policies off one trace.
+
+Each generator returns ``list[TraceRequest]`` (see :mod:`prefixcache.reference.trace`):
+arrivals in timestamp order (Poisson, ``mean_gap_ms`` apart), one hash ID per
+512-token block, a partial last block. Equal seeds give equal traces. Block
+IDs are fresh integers except where a family shares them on purpose, so two
+requests share exactly the prefixes the family describes.
+
+- :func:`shared_system_prompts`: many users behind few long system prompts
+  of Zipf popularity, each request with its own short tail.
+- :func:`multi_turn_chats`: conversations whose every turn resends the
+  previous prompt plus the reply and a new message, interleaved.
+- :func:`documents_with_hot_prefixes`: the scan-heavy mix: a scan of
+  one-off long documents mixed with requests on a few hot prefixes.
+- :func:`agent_tool_loops`: agent sessions that call tools in a loop, each
+  step resending the session so far plus the tool's output, behind a few
+  shared agent system prompts; some steps retry from an earlier step.
+- :func:`document_qa`: questions, and follow-ups, over a few long shared
+  documents of Zipf popularity.
+
+:func:`write_mooncake_trace` writes a trace as JSONL, so ``prefixcache
+compare --trace`` can replay it.
+
+>>> trace = multi_turn_chats(6, seed=1, num_conversations=2)
+>>> len(trace), trace == multi_turn_chats(6, seed=1, num_conversations=2)
+(6, True)
+"""
+
+from __future__ import annotations
+
+from prefixcache.tools.workloads.agent_loops import agent_tool_loops
+from prefixcache.tools.workloads.chats import multi_turn_chats
+from prefixcache.tools.workloads.document_qa import document_qa
+from prefixcache.tools.workloads.hot_prefixes import documents_with_hot_prefixes
+from prefixcache.tools.workloads.system_prompts import shared_system_prompts
+from prefixcache.tools.workloads.writer import write_mooncake_trace
+
+__all__ = [
+    "agent_tool_loops",
+    "document_qa",
+    "documents_with_hot_prefixes",
+    "multi_turn_chats",
+    "shared_system_prompts",
+    "write_mooncake_trace",
+]

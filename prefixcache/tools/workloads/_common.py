@@ -1,0 +1,55 @@
+"""What every trace family shares: arrivals, requests, Zipf weights, fresh block IDs, checks.
+
+Kept apart so each family's module holds only its own generator.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+
+from prefixcache.engine.validation import require_int
+from prefixcache.errors import InvalidArgumentError
+from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        require_int(value, name, minimum=1)
+
+
+def _arrivals(rng: random.Random, mean_gap_ms: int) -> Iterator[int]:
+    """Poisson arrival times in milliseconds, starting at 0."""
+    now = 0.0
+    while True:
+        yield int(now)
+        now += rng.expovariate(1.0 / mean_gap_ms)
+
+
+def _request(rng: random.Random, timestamp: int, hash_ids: Sequence[int]) -> TraceRequest:
+    """A request over ``hash_ids`` whose last block is partly filled."""
+    input_length = len(hash_ids) * TRACE_BLOCK_SIZE - rng.randrange(TRACE_BLOCK_SIZE)
+    return TraceRequest(timestamp, input_length, rng.randint(16, 512), tuple(hash_ids))
+
+
+def _zipf_weights(num_items: int, exponent: float) -> list[float]:
+    return [1.0 / (rank**exponent) for rank in range(1, num_items + 1)]
+
+
+def _check_exponent(zipf_exponent: float) -> None:
+    """Refuse a negative (or NaN) popularity skew."""
+    if not zipf_exponent >= 0:
+        raise InvalidArgumentError(f"zipf_exponent must be >= 0, got {zipf_exponent!r}")
+
+
+def _check_document_range(min_document_blocks: int, max_document_blocks: int) -> None:
+    """Refuse a longest document shorter than the shortest."""
+    if max_document_blocks < min_document_blocks:
+        raise InvalidArgumentError(
+            f"max_document_blocks {max_document_blocks} < min_document_blocks {min_document_blocks}"
+        )
+
+
+def _blocks(fresh: Iterator[int], num_blocks: int) -> list[int]:
+    """``num_blocks`` hash IDs never used before (the next ones of ``fresh``)."""
+    return [next(fresh) for _ in range(num_blocks)]
