@@ -182,7 +182,10 @@ class Session:
         engine = host._engine
         known = len(self._hashes)
         intact = known == 0 or self._key == host._structure_key()
-        context = self._ids[:known] if intact else engine.lookup(self._hashes)
+        if not host.enable_prefix_caching:  # nothing was registered: nothing stayed cached
+            context = _EMPTY
+        else:
+            context = self._ids[:known] if intact else engine.lookup(self._hashes)
         base = len(context)  # leading blocks known cached
         num_matchable = (num_tokens - 1) // size
         hashes_after = self._hashes[base:] + new_hashes if base < known else new_hashes
@@ -199,7 +202,8 @@ class Session:
             room = engine.num_free + engine.num_cached - cached_hits
             if needed > room:
                 raise CapacityError(f"the turn needs {needed} blocks; {room} can be freed")
-        engine.take_hit(hit, num_matchable, acquire=True)
+        if host.enable_prefix_caching:  # as admit_request: no lookup is counted without it
+            engine.take_hit(hit, num_matchable, acquire=True)
         new = self._allocate(needed)
         num_full = known + len(new_hashes)
         if num_full > num_hit:

@@ -242,3 +242,28 @@ def test_sessions_are_refused_where_they_cannot_keep_the_rule() -> None:
     shared = ThreadSafeAllocator(build("python"))
     with pytest.raises(AttributeError, match="lock"):
         shared.open_session()  # a session is live state: open it on shared.allocator
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_without_prefix_caching_every_turn_starts_afresh(engine: str) -> None:
+    """Nothing is registered, so nothing stays cached: the context is allocated again."""
+    ours, theirs = (
+        KVBlockAllocator(
+            total_count=32,
+            block_size_tokens=BLOCK,
+            device="cpu",
+            engine=engine,
+            enable_prefix_caching=False,
+        )
+        for _ in range(2)
+    )
+    session, twin = ours.open_session(), Twin(theirs)
+    for tokens, response in (([1, 2, 3, 4, 5], [6, 7]), ([8, 9], [10]), ([11], [12, 13, 14])):
+        assert session.admit(tokens) == twin.admit(tokens) == 0
+        session.append(response)
+        twin.append(response)
+        assert session.block_ids.tolist() == twin.held
+        session.release()
+        twin.release()
+        assert state_digest(ours) == state_digest(theirs)
+        ours.check_invariants()
