@@ -9,11 +9,12 @@ import numpy as np
 import torch
 
 from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.engine.block_ids import to_int_array
 from prefixcache.engine.config import AllocatorConfig
 from prefixcache.engine.events import KVCacheEvent
 from prefixcache.engine.stats import AllocatorStats
 from prefixcache.engine.validation import require_int
-from prefixcache.errors import ConfigError, InvalidArgumentError
+from prefixcache.errors import ConfigError, InvalidArgumentError, InvalidTensorError
 from prefixcache.integrations.megatron.mirrors import (
     MirrorMethods,
     _as_array,
@@ -223,6 +224,8 @@ class MegatronKVBlockAllocator(MirrorMethods, RoutingMethods):
         ``potential_matched_count`` cached blocks are not counted: the caller
         pins them before allocating. Complexity: O(1).
         """
+        num_blocks = require_int(num_blocks, "num_blocks")
+        potential_matched_count = require_int(potential_matched_count, "potential_matched_count")
         if self.total_avail >= num_blocks:
             return True
         if not self._caches:
@@ -271,6 +274,7 @@ class MegatronKVBlockAllocator(MirrorMethods, RoutingMethods):
         In ref-zero mode they are deregistered at once; unhashed ones go back
         to the free stack. Complexity: O(k log k) vectorised.
         """
+        _require_tensor(blocks, "blocks")
         if blocks.numel() == 0:
             return
         core = self._core
@@ -326,10 +330,15 @@ class MegatronKVBlockAllocator(MirrorMethods, RoutingMethods):
 
         Complexity: O(k).
         """
-        if not self.enable_prefix_caching or not block_ids:
+        ids: list[int] = to_int_array(block_ids, "block_ids").tolist()
+        hashes: list[int] = to_int_array(block_hashes, "block_hashes").tolist()
+        parents: list[int] = (
+            [0] * len(ids)
+            if parent_hashes is None
+            else to_int_array(parent_hashes, "parent_hashes").tolist()
+        )
+        if not self.enable_prefix_caching or not ids:
             return
-        ids, hashes = list(map(int, block_ids)), list(map(int, block_hashes))
-        parents = [0] * len(ids) if parent_hashes is None else list(map(int, parent_hashes))
         if not len(ids) == len(hashes) == len(parents):
             raise InvalidArgumentError(
                 f"{len(ids)} block IDs, {len(hashes)} hashes, {len(parents)} parent hashes"
@@ -391,6 +400,7 @@ class MegatronKVBlockAllocator(MirrorMethods, RoutingMethods):
 
         Complexity: O(k) vectorised, plus O(log n) per touched cached leaf.
         """
+        _require_tensor(block_ids, "block_ids")
         if not self._is_lru or block_ids.numel() == 0:
             return
         if self._core is None:
@@ -409,7 +419,7 @@ class MegatronKVBlockAllocator(MirrorMethods, RoutingMethods):
         Leaves only, so a cached child never outlives its parent.
         Complexity: O(log n) per evicted block (Megatron's scans the pool).
         """
-        if num_blocks_needed <= 0:
+        if require_int(num_blocks_needed, "num_blocks_needed") <= 0:
             return True
         return bool(self._run(self.allocator.evict_lru_blocks, num_blocks_needed))
 
@@ -428,3 +438,11 @@ class MegatronKVBlockAllocator(MirrorMethods, RoutingMethods):
         if not self._keep_events:
             raise ConfigError("KV cache events are off; install(kv_events_capacity=N) with N > 0")
         return self.allocator.take_events()
+
+
+def _require_tensor(value: object, name: str) -> None:
+    """Megatron passes block IDs as tensors; anything else is refused before any change."""
+    if not isinstance(value, torch.Tensor):
+        raise InvalidTensorError(
+            f"{name} must be a tensor of block IDs, got {type(value).__name__}"
+        )

@@ -17,7 +17,7 @@ import torch
 
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.events import KVEventLog
-from prefixcache.errors import InvariantError
+from prefixcache.errors import InvalidArgumentError, InvariantError
 
 
 class _LiveRefCounts(torch.Tensor):
@@ -122,12 +122,23 @@ class MirrorMethods:
         refs = self._refs
         if self._core is not None and self._pinned_by_one(index, value):
             return
-        if isinstance(index, torch.Tensor) and index.dim() == 1 and not index.is_floating_point():
-            touched = np.unique(_as_array(index))  # Megatron's case: a vector of block IDs
-        else:
-            touched = np.unique(self._positions[index].reshape(-1).numpy())
-        before = refs[touched]  # a copy (fancy indexing)
-        self._ref_counts[index] = value
+        try:
+            if (
+                isinstance(index, torch.Tensor)
+                and index.dim() == 1
+                and not index.is_floating_point()
+            ):
+                touched = np.unique(_as_array(index))  # Megatron's case: a vector of block IDs
+            else:
+                touched = np.unique(self._positions[index].reshape(-1).numpy())
+            before = refs[touched]  # a copy (fancy indexing)
+        except (IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise InvalidArgumentError(f"block_ref_counts[{index!r}]: {exc}") from None
+        try:
+            self._ref_counts[index] = value
+        except (IndexError, TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            refs[touched] = before
+            raise InvalidArgumentError(f"block_ref_counts[...] = {value!r}: {exc}") from None
         delta = refs[touched].astype(np.int64) - before
         # np.repeat: torch.repeat_interleave takes ~15 ms per call on CPU in torch 2.13.
         taken = np.repeat(touched, np.maximum(delta, 0))
@@ -167,7 +178,10 @@ class MirrorMethods:
         ids, new = _as_array(index), value.numpy()
         if len(ids) == 0 or self._has_duplicates(ids):
             return False
-        delta = new - self._refs[ids]
+        try:
+            delta = new - self._refs[ids]
+        except IndexError as exc:  # an ID past the pool (negative ones wrap: the engine refuses)
+            raise InvalidArgumentError(f"block_ref_counts[{index!r}]: {exc}") from None
         if (delta == 1).all():
             self._core.acquire(ids)
             self._refs[ids] = new

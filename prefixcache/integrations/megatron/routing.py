@@ -6,7 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from prefixcache.errors import InvalidArgumentError
+from prefixcache.engine.block_ids import to_int_array
+from prefixcache.engine.validation import require_int
+from prefixcache.errors import InvalidArgumentError, InvalidTensorError
 
 
 class RoutingMethods:
@@ -36,7 +38,23 @@ class RoutingMethods:
     def store_block_routing(
         self, block_id: int, positions: np.ndarray, routing: np.ndarray
     ) -> None:
-        """Store routing ``[len(positions), layers, top_k]`` at ``positions`` of ``block_id``."""
+        """Store routing ``[len(positions), layers, top_k]`` at ``positions`` of ``block_id``.
+
+        Raises:
+            InvalidArgumentError, InvalidTensorError: a bad ID, positions or routing shape.
+        """
+        block_id = require_int(block_id, "block_id", minimum=0)
+        position_list = to_int_array(positions, "positions")
+        if not isinstance(routing, np.ndarray) or routing.ndim != 3:
+            raise InvalidTensorError("routing must be a [tokens, layers, top_k] array")
+        if len(position_list) != len(routing) or (
+            len(position_list)
+            and not 0
+            <= int(position_list.min())
+            <= int(position_list.max())
+            < self.context.block_size_tokens
+        ):
+            raise InvalidArgumentError("positions must index the routing rows within the block")
         if block_id not in self.block_routing:
             shape = (self.context.block_size_tokens, routing.shape[-2], routing.shape[-1])
             self.block_routing[block_id] = np.zeros(shape, dtype=routing.dtype)
@@ -44,14 +62,16 @@ class RoutingMethods:
 
     def get_block_routing(self, block_id: int) -> np.ndarray | None:
         """The routing stored for ``block_id``, or None."""
-        return self.block_routing.get(block_id)
+        return self.block_routing.get(require_int(block_id, "block_id"))
 
     def reconstruct_routing_from_blocks(
         self, block_ids: list[int], total_routing_tokens: int
     ) -> np.ndarray | None:
         """The first ``total_routing_tokens`` routing rows of ``block_ids``, or None if missing."""
+        ids: list[int] = to_int_array(block_ids, "block_ids").tolist()
+        total_routing_tokens = require_int(total_routing_tokens, "total_routing_tokens", minimum=0)
         parts, collected = [], 0
-        for block_id in block_ids:
+        for block_id in ids:
             routing = self.get_block_routing(block_id)
             if routing is None:
                 return None
