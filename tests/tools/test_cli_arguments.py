@@ -250,3 +250,11 @@ def test_compare_leaves_out_what_would_only_repeat_by_default(
     }
     assert not set(cli.LEFT_OUT_BY_DEFAULT) & policies_shown
     assert {"lru", "s3fifo", "auto", "belady"} <= policies_shown
+
+
+def test_compare_runs_a_left_out_policy_when_named(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["compare", "--limit", "30", "--capacities", "50", "--no-plot", "--no-progress"]
+    assert cli.main([*argv, "--policies", "ref_zero,priority,lru"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ref_zero", "priority", "lru"):
+        assert f"| {name} " in out, (name, out)

@@ -87,3 +87,5 @@ def test_the_plot_draws_the_optimum_as_a_line_and_the_legend_outside() -> None:
     anchor = legend.get_bbox_to_anchor().transformed(axes.transAxes.inverted())
     assert anchor.x0 >= 1.0  # left edge of the legend's anchor is right of the axes
     assert len(legend.get_texts()) == len(names)
+    assert axes.get_xscale() == "log"  # capacities spanning two decades
+    assert axes.get_title() == "Prefix hit rate by eviction policy (test)"
