@@ -159,6 +159,19 @@ def test_hostile_calls_on_the_drop_in_change_nothing_when_refused(
             allocator.check_consistency()
 
 
+def holding_two_blocks() -> MegatronKVBlockAllocator:
+    """An LRU drop-in with one request of two blocks admitted."""
+    allocator = MegatronKVBlockAllocator(
+        FakeContext(),
+        total_count=9,
+        paused_count=2,
+        enable_prefix_caching=True,
+        prefix_caching_eviction_policy="lru",
+    )
+    add_request(allocator, [1, 2])
+    return allocator
+
+
 FOUND = [
     ("release_memory_blocks", (5,)),
     ("update_timestamps", (5,)),
@@ -178,14 +191,7 @@ FOUND = [
 def test_what_the_programs_found_is_refused_with_the_librarys_error(
     name: str, args: tuple[Any, ...]
 ) -> None:
-    allocator = MegatronKVBlockAllocator(
-        FakeContext(),
-        total_count=9,
-        paused_count=2,
-        enable_prefix_caching=True,
-        prefix_caching_eviction_policy="lru",
-    )
-    add_request(allocator, [1, 2])
+    allocator = holding_two_blocks()
     before = deep_state(allocator)
     with pytest.raises(PrefixCacheError):
         getattr(allocator, name)(*args)
@@ -198,14 +204,7 @@ def test_what_the_programs_found_is_refused_with_the_librarys_error(
     ids=["float index", "shape", "str value", "huge value"],
 )
 def test_a_bad_write_to_the_mirror_is_refused_and_undone(index: Any, value: Any) -> None:
-    allocator = MegatronKVBlockAllocator(
-        FakeContext(),
-        total_count=9,
-        paused_count=2,
-        enable_prefix_caching=True,
-        prefix_caching_eviction_policy="lru",
-    )
-    add_request(allocator, [1, 2])
+    allocator = holding_two_blocks()
     before = deep_state(allocator)
     with pytest.raises(PrefixCacheError):
         allocator.block_ref_counts[index] = value
