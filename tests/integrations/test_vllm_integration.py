@@ -250,7 +250,7 @@ def make_request(request_id: str, tokens: list[int]) -> Any:
     hashing = importlib.import_module("vllm.utils.hashing")
     params = sampling.SamplingParams(max_tokens=4)
     params.update_from_generation_config({}, eos_token_id=100)
-    return request_module.VllmRequest(
+    return request_module.Request(
         request_id=request_id,
         prompt_token_ids=tokens,
         sampling_params=params,
