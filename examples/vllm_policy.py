@@ -11,6 +11,7 @@ environment variable when vLLM starts (``auto`` or any name in
 In your own process, before vLLM builds its engine::
 
     from prefixcache.integrations import vllm as prefixcache_vllm
+from prefixcache.testing.vllm_pool import chain, serve
     prefixcache_vllm.install("protected_lru")
 
 This script drives vLLM's own ``BlockPool`` the way its KV-cache manager does (longest
@@ -25,42 +26,17 @@ import importlib
 from typing import Any
 
 from prefixcache.integrations import vllm as prefixcache_vllm
-
-
-class Request:
-    """What ``BlockPool.cache_full_blocks`` reads of a vLLM request (events off)."""
-
-    def __init__(self, block_hashes: list[bytes]) -> None:
-        self.block_hashes = block_hashes
-
-
-def hashes(*contents: int) -> list[bytes]:
-    """Chained block hashes (vLLM's 32-byte ``BlockHash``) of blocks with ``contents``."""
-    chain, parent = [], 0
-    for content in contents:
-        parent = hash((parent, content)) & ((1 << 64) - 1)
-        chain.append(parent.to_bytes(32, "big"))
-    return chain
+from prefixcache.testing.vllm_pool import chain, serve
 
 
 def hit_rate(pool: Any, rounds: int = 30) -> float:
     """A hot 4-block prefix asked twice per round, then four one-off 3-block prompts."""
     hit = total = 0
     for round_index in range(rounds):
-        prompts = [hashes(0, 1, 2, 3, 7), hashes(0, 1, 2, 3, 8)]
-        prompts += [hashes(1000 + 10 * round_index + k, 1, 2) for k in range(4)]
-        for prompt in prompts:
-            cached: list[Any] = []
-            for block_hash in prompt:
-                found = pool.get_cached_block(block_hash, [0])
-                if not found:
-                    break
-                cached.append(found[0])
-            pool.touch(cached)
-            blocks = cached + pool.get_new_blocks(len(prompt) - len(cached))
-            pool.cache_full_blocks(Request(prompt), blocks, len(cached), len(prompt), 16, 0)
-            pool.free_blocks(reversed(blocks))
-            hit, total = hit + len(cached), total + len(prompt)
+        prompts = [chain(0, 1, 2, 3, 7), chain(0, 1, 2, 3, 8)]
+        prompts += [chain(1000 + 10 * round_index + k, 1, 2) for k in range(4)]
+        for prompt in prompts:  # look up, touch, allocate, cache, free: as vLLM's manager
+            hit, total = hit + serve(pool, prompt), total + len(prompt)
     return hit / total
 
 
