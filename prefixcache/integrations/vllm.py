@@ -46,7 +46,6 @@ as vLLM's queue (the scheduler owns its pool).
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -55,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixcache import policies
+from prefixcache.engine.version import installed_version
 from prefixcache.errors import ConfigError
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue, policy_hash
@@ -157,7 +157,7 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
     # One line at start-up says what runs: a user reading vLLM's log sees the policy.
     _LOG.info(
         "prefixcache %s: vLLM %s block pools built from now on evict with policy %r",
-        _distribution_version(),
+        installed_version(),
         getattr(importlib.import_module("vllm"), "__version__", "unknown"),
         name,
     )
@@ -236,14 +236,6 @@ def _policy_factory(
     if not isinstance(sample, EvictionPolicy):
         raise ConfigError(f"policy {name!r} built {sample!r}, which is no EvictionPolicy")
     return make, name
-
-
-def _distribution_version() -> str:
-    """prefixcache's installed version, for the start-up line."""
-    try:
-        return importlib.metadata.version("prefixcache")
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
 
 
 def _block_pool_module() -> Any:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import sys
 import time
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from typing import NoReturn
 
 from prefixcache import policies
 from prefixcache.cluster import add_cluster_arguments, cluster_main
+from prefixcache.engine.version import installed_version
 from prefixcache.errors import PrefixCacheError
 from prefixcache.tiers import TieredReplayResult, replay_tiered
 from prefixcache.tools.cli_arguments import (
@@ -114,14 +114,6 @@ def _epilog() -> str:
     )
 
 
-def _version() -> str:
-    """The installed distribution's version (the package itself sits above this layer)."""
-    try:
-        return importlib.metadata.version("prefixcache")
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="prefixcache",
@@ -129,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"prefixcache {_version()}")
+    parser.add_argument("--version", action="version", version=f"prefixcache {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     one = commands.add_parser(
