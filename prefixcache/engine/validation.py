@@ -24,7 +24,7 @@ prefixcache.errors.InvalidArgumentError: verify must be a bool, got 1
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -40,6 +40,7 @@ __all__ = [
     "require_int",
     "require_int_list",
     "require_positive_number",
+    "require_sequence",
 ]
 
 INT64_MIN = -(1 << 63)
@@ -110,6 +111,27 @@ def require_int(
     raise error(f"{name} must be {_expected(minimum, maximum)}, got {value!r}")
 
 
+def require_sequence(
+    values: object,
+    name: str,
+    *,
+    of: str = "",
+    error: type[InvalidArgumentError] = InvalidArgumentError,
+) -> Iterable[Any]:
+    """``values`` if it is an iterable of items: a single int, a string, bytes or a
+    mapping is refused rather than iterated (a caller passing the wrong thing).
+
+    Raises:
+        InvalidArgumentError: (or ``error``) naming ``name`` and what was expected
+            (``of`` completes "a sequence", e.g. ``" of ints"``).
+
+    Complexity: O(1).
+    """
+    if isinstance(values, (str, bytes, bytearray, Mapping)) or not isinstance(values, Iterable):
+        raise error(f"{name} must be a sequence{of}, got {type(values).__name__}")
+    return values
+
+
 def require_int_list(
     values: object, name: str, *, error: type[InvalidArgumentError] = InvalidArgumentError
 ) -> list[int]:
@@ -130,9 +152,7 @@ def require_int_list(
 
     Complexity: O(len(values)).
     """
-    if isinstance(values, (str, bytes, bytearray, Mapping)) or not isinstance(values, Iterable):
-        raise error(f"{name} must be a sequence of ints, got {type(values).__name__}")
-    items = list(values)
+    items = list(require_sequence(values, name, of=" of ints", error=error))
     for item in items:
         if not is_int(item):
             raise error(f"{name} must hold only ints, got {item!r}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefixcache.engine.events import KVCacheEvent, KVEventLog
-from prefixcache.engine.validation import require_int, require_int_list
+from prefixcache.engine.validation import require_int, require_int_list, require_sequence
 from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.policies import EvictionPolicy, UnknownPolicyError
 from prefixcache.policies import get as get_policy
@@ -139,7 +139,8 @@ class HostTier:
         Raises:
             InvalidArgumentError: not a sequence of int hashes.
         """
-        hashes = [_require_hash(h, "block_hashes item") for h in _iterable(block_hashes)]
+        items = require_sequence(block_hashes, "block_hashes")
+        hashes = [_require_hash(h, "block_hashes item") for h in items]
         slots = []
         for block_hash in hashes:
             slot = self._slot_of.get(block_hash)
@@ -417,10 +418,3 @@ def _require_hash(value: object, name: str) -> int:
     if not _is_hash(value):
         raise InvalidArgumentError(f"{name} must be an int, got {value!r}")
     return int(value)  # type: ignore[call-overload]
-
-
-def _iterable(values: object) -> Iterable[object]:
-    """``values`` if it is a sequence of items (never a str, bytes or a single int)."""
-    if isinstance(values, (str, bytes, bytearray, dict)) or not isinstance(values, Iterable):
-        raise InvalidArgumentError(f"block_hashes must be a sequence, got {type(values).__name__}")
-    return values
