@@ -23,8 +23,8 @@ import torch
 
 # Most unit tests look inside the Python engine (its pool, registry, reference table), so
 # the suite runs it unless the environment says otherwise. The native engine is tested
-# against it step by step (tests/native/), and CI runs the tests of behaviour through the
-# public API again with PREFIXCACHE_ENGINE=native (.ci/run).
+# against it step by step (tests/native/), and tests that build an allocator with
+# engine="native" run it whatever the environment says.
 os.environ.setdefault("PREFIXCACHE_ENGINE", "python")
 
 from prefixcache.policies import LRUPolicy

@@ -18,6 +18,7 @@ from prefixcache.engine.block_ids import (
 from prefixcache.engine.config import AllocatorConfig, build_policy
 from prefixcache.engine.core import EngineCore
 from prefixcache.engine.defragment_methods import DefragmentMethods
+from prefixcache.engine.device_mirror import DeviceMirrorMethods, FreeIdsMirror
 from prefixcache.engine.events import KVEventLog
 from prefixcache.engine.kv_event_methods import KVEventMethods
 from prefixcache.engine.moe_routing import MoERoutingMethods
@@ -64,6 +65,7 @@ class KVBlockAllocator(
     RequestPathMethods,
     DefragmentMethods,
     SessionMethods,
+    DeviceMirrorMethods,
 ):
     """Hands out KV-cache block IDs, counts references, and shares cached prefixes.
 
@@ -92,7 +94,9 @@ class KVBlockAllocator(
       :meth:`evict_cached_blocks`, :meth:`evict_lru_blocks`.
     - MoE routing: :meth:`store_routing_per_block`, :meth:`store_block_routing`,
       :meth:`get_block_routing`, :meth:`reconstruct_routing_from_blocks`.
-    - Introspection: :meth:`stats`, :meth:`check_invariants`, :meth:`reset`.
+    - Introspection: :meth:`stats`, :meth:`check_invariants`, :meth:`reset`,
+      :attr:`engine` and :attr:`engine_reason`.
+    - Device: :meth:`device_free_ids` (the free IDs mirrored on ``device``).
 
     Block IDs go in as a CPU integer tensor, numpy array or sequence of ints
     and come out as a fresh CPU int32 tensor; nothing waits for the device.
@@ -139,9 +143,11 @@ class KVBlockAllocator(
                 config.kv_events_capacity, config.block_size_tokens, config.kv_events_medium
             )
         self._track_changes = self.routing is not None or self.events is not None
-        self._engine: EngineCore = build_engine(
+        self._engine: EngineCore
+        self._engine, self._engine_reason = build_engine(
             config, self.policy, track_changes=self._track_changes
         )
+        self._free_ids_mirror = FreeIdsMirror(self.num_usable, self.device)
         self.verify_prefix_hits = config.verify_prefix_hits
         self._max_hash = max_hash_of(config.hash_algo)
         # Second fingerprint of each registered block (verify mode), by block ID.
@@ -156,12 +162,21 @@ class KVBlockAllocator(
 
     @property
     def engine(self) -> str:
-        """Which engine runs this allocator: ``"python"`` or ``"native"``."""
+        """Which engine runs this allocator, ``"python"`` or ``"native"`` (why: engine_reason)."""
         return self._engine.name
 
     @property
+    def engine_reason(self) -> str:
+        """Why :attr:`engine` runs this allocator, in one sentence.
+
+        When ``engine="auto"`` had to run the Python engine, this says what the
+        native one lacks for this configuration (also logged once per reason).
+        """
+        return self._engine_reason
+
+    @property
     def pool(self) -> BlockPool:
-        """The Python engine's free-stack pool (with its device mirror)."""
+        """The Python engine's free-stack pool, a host structure (tests and debugging)."""
         return self._engine.pool  # type: ignore[attr-defined,no-any-return]
 
     @property

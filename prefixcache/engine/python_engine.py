@@ -41,7 +41,6 @@ class PythonEngine:
         total_count: blocks including the dummy.
         paused_count: budget of the paused partition.
         policy: the eviction policy object (owned by this engine).
-        device: where the pool's free-stack mirror lives.
         track_changes: record freed blocks and removed hashes for
             :meth:`take_changes` (events or routing are on).
         cache_unreferenced: the config's mode (False: ref-zero); None: the
@@ -57,7 +56,6 @@ class PythonEngine:
         total_count: int,
         paused_count: int,
         policy: EvictionPolicy,
-        device: str | None,
         *,
         track_changes: bool = False,
         cache_unreferenced: bool | None = None,
@@ -69,9 +67,9 @@ class PythonEngine:
             cache_unreferenced = bool(getattr(policy, "retains_unreferenced", True))
         self.retains_unreferenced = cache_unreferenced
         self.pool: BlockPool | SortedFreeList = (
-            SortedFreeList(total_count, device, page_size=page_size)
+            SortedFreeList(total_count, "cpu", page_size=page_size)
             if free_list == "lowest"
-            else BlockPool(total_count, device)
+            else BlockPool(total_count, "cpu")  # host only: the facade mirrors it on the device
         )
         self.num_usable = total_count - 1
         self.registry = HashRegistry(total_count)

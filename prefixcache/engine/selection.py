@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import numbers
 import os
 from collections.abc import Mapping
@@ -16,7 +17,6 @@ from prefixcache.engine.native_engine import (
     native_unavailable_reason,
     warn_if_unavailable,
 )
-from prefixcache.engine.pool import resolve_device
 from prefixcache.engine.python_engine import PythonEngine
 from prefixcache.errors import ConfigError
 from prefixcache.policies import (
@@ -39,6 +39,9 @@ ENGINE_ENV = "PREFIXCACHE_ENGINE"
 
 AUTO_PREFERS_NATIVE = True
 """Whether ``engine="auto"`` runs the native engine where it can (else only on request)."""
+
+_LOG = logging.getLogger(__name__)
+_logged_reasons: set[str] = set()  # each fallback reason is logged once per process
 
 # The built-in class behind each name: a name a program re-registered to another class
 # keeps its Python object.
@@ -111,8 +114,6 @@ def native_unsupported_reason(config: AllocatorConfig, policy: EvictionPolicy) -
         )
     if config.hash_algo != "xxh3_64":
         return "it keeps 64-bit hashes: hash_algo must be 'xxh3_64'"
-    if resolve_device(config.device).type != "cpu":
-        return "it has no device mirror of the free stack yet: use device='cpu'"
     if config.total_count > 2**31 - 1:
         return "block IDs must fit in int32"
     return None
@@ -120,13 +121,17 @@ def native_unsupported_reason(config: AllocatorConfig, policy: EvictionPolicy) -
 
 def build_engine(
     config: AllocatorConfig, policy: EvictionPolicy, *, track_changes: bool
-) -> EngineCore:
-    """The engine for ``config`` (:attr:`AllocatorConfig.engine`; DESIGN.md, "The engine seam").
+) -> tuple[EngineCore, str]:
+    """The engine for ``config`` and why it runs (DESIGN.md, "The engine seam").
 
-    ``"auto"`` runs the native engine when it is built and supports the
-    configuration (:func:`native_unsupported_reason`), else the Python one;
-    ``PREFIXCACHE_ENGINE`` overrides ``"auto"``. ``"native"`` (from the
-    config or the environment) requires the native engine.
+    ``"auto"`` (:attr:`AllocatorConfig.engine`) runs the native engine when it
+    is built and supports the configuration (:func:`native_unsupported_reason`),
+    else the Python one, and then logs the reason once per process (a warning of
+    the ``prefixcache`` logger): nothing falls back silently.
+    ``PREFIXCACHE_ENGINE`` overrides ``"auto"``. ``"native"`` (from the config
+    or the environment) requires the native engine. The device plays no part:
+    both engines keep their state on the host (the device mirror is the
+    facade's, :mod:`prefixcache.engine.device_mirror`).
 
     Args:
         config: the allocator's configuration.
@@ -134,37 +139,51 @@ def build_engine(
         track_changes: the engine records freed blocks and removed hashes
             for the facade's collaborators (events, routing).
 
+    Returns:
+        The engine, and one sentence saying why it is the one that runs.
+
     Raises:
         ConfigError: ``"native"`` was asked for and cannot run this config.
     """
     choice = requested_engine(config)
+    if choice == "python":
+        source = "engine='python'" if config.engine == "python" else f"{ENGINE_ENV}=python"
+        return _python_engine(config, policy, track_changes), f"{source} asks for it"
     if choice == "auto" and not AUTO_PREFERS_NATIVE:
-        choice = "python"
-    if choice != "python":
-        reason = native_unsupported_reason(config, policy)
-        named = native_policy(config, policy)
-        if reason is None and named is not None:
-            salt_keys = [] if config.hash_salt is None else [config.hash_salt]
-            return NativeEngine(
-                config.total_count,
-                config.paused_count,
-                named[0],
-                policy_options=named[1],
-                track_changes=track_changes,
-                block_size=config.block_size_tokens,
-                root_hash=hashing.root_hash(None, salt_keys or None, "xxh3_64"),
-                lowest_first=config.free_list == "lowest",
-                page_size=config.page_size_blocks,
-            )
-        if choice == "native":
-            raise ConfigError(f"engine='native' cannot run this allocator: {reason}")
-        if not native_available():
-            warn_if_unavailable()
+        return _python_engine(config, policy, track_changes), "auto prefers the Python engine"
+    reason = native_unsupported_reason(config, policy)
+    named = native_policy(config, policy)
+    if reason is None and named is not None:
+        salt_keys = [] if config.hash_salt is None else [config.hash_salt]
+        engine = NativeEngine(
+            config.total_count,
+            config.paused_count,
+            named[0],
+            policy_options=named[1],
+            track_changes=track_changes,
+            block_size=config.block_size_tokens,
+            root_hash=hashing.root_hash(None, salt_keys or None, "xxh3_64"),
+            lowest_first=config.free_list == "lowest",
+            page_size=config.page_size_blocks,
+        )
+        return engine, "the native engine is built and runs this configuration"
+    if choice == "native":
+        raise ConfigError(f"engine='native' cannot run this allocator: {reason}")
+    if not native_available():
+        warn_if_unavailable()  # its own warning, once, already says why
+    elif reason not in _logged_reasons:
+        _logged_reasons.add(str(reason))
+        _LOG.warning("prefixcache: running the Python engine, because the native one: %s", reason)
+    return _python_engine(config, policy, track_changes), f"the native engine: {reason}"
+
+
+def _python_engine(
+    config: AllocatorConfig, policy: EvictionPolicy, track_changes: bool
+) -> PythonEngine:
     return PythonEngine(
         config.total_count,
         config.paused_count,
         policy,
-        config.device,
         track_changes=track_changes,
         cache_unreferenced=config.cache_unreferenced,
         free_list=config.free_list,

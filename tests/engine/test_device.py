@@ -19,15 +19,23 @@ from prefixcache import (
     InvalidTensorError,
     KVBlockAllocator,
 )
+from prefixcache.engine.native_engine import native_available
 
 
-@pytest.fixture(params=["lru", "ref_zero"])
+@pytest.fixture(
+    params=[(policy, engine) for policy in ("lru", "ref_zero") for engine in ("python", "native")],
+    ids=lambda param: "-".join(param),
+)
 def meta_allocator(request: pytest.FixtureRequest) -> KVBlockAllocator:
+    policy, engine = request.param
+    if engine == "native" and not native_available():
+        pytest.skip("the native engine is not built")
     return KVBlockAllocator(
+        engine=engine,
         total_count=16,
         paused_count=4,
         block_size_tokens=4,
-        eviction_policy=request.param,
+        eviction_policy=policy,
         device="meta",
         routing_num_layers=2,
         routing_top_k=2,
@@ -36,7 +44,7 @@ def meta_allocator(request: pytest.FixtureRequest) -> KVBlockAllocator:
 
 def test_meta_allocator_runs_every_operation(meta_allocator: KVBlockAllocator) -> None:
     allocator = meta_allocator
-    mirror = allocator.pool.device_free_ids
+    mirror = allocator.device_free_ids()
     assert mirror is not None and mirror.device.type == "meta"
     assert mirror.dtype == torch.int32 and mirror.shape == (15,)
 
@@ -79,7 +87,7 @@ def test_meta_allocator_runs_every_operation(meta_allocator: KVBlockAllocator) -
     allocator.check_invariants()
     allocator.reset()
     allocator.check_invariants()
-    assert allocator.pool.device_free_ids.device.type == "meta"
+    assert allocator.device_free_ids() is mirror, "one tensor, one address, every refresh"
     assert "total 0/15" in str(allocator)
 
 
@@ -103,7 +111,7 @@ def test_cpu_pool_has_no_mirror() -> None:
 def test_default_device_is_cuda_when_available_else_cpu() -> None:
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert BlockPool(4).device.type == expected
-    assert KVBlockAllocator(total_count=4).pool.device.type == expected
+    assert KVBlockAllocator(total_count=4).device.type == expected
 
 
 # ---------------------------------------------------------------- BlockPool

@@ -1,10 +1,11 @@
-"""A device copy that raises inside the pool leaves the allocator exactly as it was.
+"""A device copy that raises leaves the allocator, or a standalone pool, exactly as it was.
 
 The fault-injection harness raises at the entry of each pool method. A real
-device mirror can also fail half-way through one: after the host stack is
-written, in the copy to the device. The pool then keeps ``num_free`` and the
-host stack as before, so the allocator's rollback of its policy calls is
-enough. A stand-in mirror whose ``copy_`` raises plays the failing device.
+device copy can also fail: in the allocator's mirror of the free IDs, which
+only reads the engine, and in a standalone :class:`BlockPool`'s own mirror,
+after the host stack is written. The pool then keeps ``num_free`` and the host
+stack as before. A stand-in mirror whose ``copy_`` raises plays the failing
+device.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from prefixcache import KVBlockAllocator
+from prefixcache.engine.native_engine import native_available
 from prefixcache.engine.pool import BlockPool
 
 Digest = Callable[[KVBlockAllocator], Any]
@@ -35,9 +38,9 @@ class FailingMirror:
         raise DeviceLost("device copy failed")
 
 
-def _allocator_with_cached_and_held_blocks() -> tuple[KVBlockAllocator, list[int]]:
+def _allocator_with_cached_and_held_blocks(engine: str) -> tuple[KVBlockAllocator, list[int]]:
     """Three cached blocks, and four held ones (two of them registered)."""
-    allocator = KVBlockAllocator(total_count=16, block_size_tokens=2, device="cpu")
+    allocator = KVBlockAllocator(total_count=16, block_size_tokens=2, device="cpu", engine=engine)
     cached = allocator.allocate_memory_blocks(3)
     assert cached is not None
     allocator.register_kv_block_hashes(cached, [11, 12, 13])
@@ -48,25 +51,24 @@ def _allocator_with_cached_and_held_blocks() -> tuple[KVBlockAllocator, list[int
     return allocator, held.tolist()
 
 
-def test_a_failed_device_copy_in_release_changes_nothing(digest: Digest) -> None:
-    allocator, held = _allocator_with_cached_and_held_blocks()
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_failed_device_copy_of_the_free_ids_changes_nothing(digest: Digest, engine: str) -> None:
+    """The allocator's mirror (``device_free_ids``) only reads the engine: a failed copy
+    leaves the allocator as it was, and the next refresh succeeds."""
+    if engine == "native" and not native_available():
+        pytest.skip("the native engine is not built")
+    allocator, held = _allocator_with_cached_and_held_blocks(engine)
+    allocator._free_ids_mirror.tensor = FailingMirror()  # type: ignore[assignment]
     before = digest(allocator)
-    allocator.pool._mirror = FailingMirror()  # type: ignore[assignment]
     with pytest.raises(DeviceLost):
-        allocator.release_memory_blocks(held)
+        allocator.device_free_ids()
     assert digest(allocator) == before
-    allocator.pool._mirror = None
-    allocator.release_memory_blocks(held)  # the same call succeeds once the device is back
-    allocator.check_invariants()
-
-
-def test_a_failed_device_copy_in_reset_changes_nothing(digest: Digest) -> None:
-    allocator, _ = _allocator_with_cached_and_held_blocks()
-    before = digest(allocator)
-    allocator.pool._mirror = FailingMirror()  # type: ignore[assignment]
-    with pytest.raises(DeviceLost):
-        allocator.reset()
-    assert digest(allocator) == before
+    allocator._free_ids_mirror.tensor = torch.full((15,), -1, dtype=torch.int32)
+    allocator.release_memory_blocks(held)
+    mirror = allocator.device_free_ids()
+    assert mirror is not None
+    free = allocator.stats().num_free
+    assert mirror[:free].tolist() == allocator._engine.free_ids().tolist()
     allocator.check_invariants()
 
 

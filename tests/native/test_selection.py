@@ -46,7 +46,7 @@ def test_every_built_in_but_auto_and_belady_is_native() -> None:
     ("config", "reason"),
     [
         ({"eviction_policy": "auto"}, "runs the policies"),
-        ({"eviction_policy": {"name": "lru", "unused": 1}}, ""),
+        ({"eviction_policy": {"name": "lru", "unused": 1}}, "unexpected keyword argument"),
         ({"hash_algo": "sha256"}, "64-bit hashes"),
     ],
 )
@@ -74,3 +74,46 @@ def test_environment_variable_overrides_auto(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PREFIXCACHE_ENGINE", "fast")
     with pytest.raises(ConfigError, match="PREFIXCACHE_ENGINE"):
         KVBlockAllocator(total_count=8, device="cpu")
+
+
+def test_every_device_runs_the_native_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bookkeeping is on the host in both engines: the device only places the mirror."""
+    monkeypatch.delenv("PREFIXCACHE_ENGINE", raising=False)
+    allocator = KVBlockAllocator(total_count=8, device="meta")
+    assert allocator.engine == "native"
+    assert "runs this configuration" in allocator.engine_reason
+    mirror = allocator.device_free_ids()
+    assert mirror is not None and mirror.device.type == "meta" and mirror.shape == (7,)
+
+
+def test_a_fallback_says_why_and_is_logged_once_per_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prefixcache.engine import selection
+
+    monkeypatch.delenv("PREFIXCACHE_ENGINE", raising=False)
+    monkeypatch.setattr(selection, "_logged_reasons", set())
+    with caplog.at_level("WARNING", logger="prefixcache.engine.selection"):
+        first = KVBlockAllocator(total_count=8, device="cpu", hash_algo="sha256")
+        KVBlockAllocator(total_count=8, device="cpu", hash_algo="sha256")
+        other = KVBlockAllocator(total_count=8, device="cpu", eviction_policy=LRUPolicy())
+    assert first.engine == "python" and "64-bit hashes" in first.engine_reason
+    assert other.engine == "python" and "runs the policies" in other.engine_reason
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2, messages
+    assert "64-bit hashes" in messages[0] and "runs the policies" in messages[1]
+
+
+def test_asking_for_python_is_not_a_fallback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prefixcache.engine import selection
+
+    monkeypatch.setattr(selection, "_logged_reasons", set())
+    monkeypatch.setenv("PREFIXCACHE_ENGINE", "python")
+    with caplog.at_level("WARNING", logger="prefixcache.engine.selection"):
+        by_environment = KVBlockAllocator(total_count=8, device="cpu", hash_algo="sha256")
+        by_config = KVBlockAllocator(total_count=8, device="cpu", engine="python")
+    assert by_environment.engine_reason == "PREFIXCACHE_ENGINE=python asks for it"
+    assert by_config.engine_reason == "engine='python' asks for it"
+    assert caplog.records == []

@@ -63,9 +63,9 @@ def _release_one_registered_block(allocator: KVBlockAllocator) -> None:
 
 @pytest.mark.parametrize("mode", [True, False])
 def test_the_engine_takes_the_mode_from_its_argument_not_the_policy(mode: bool) -> None:
-    engine = PythonEngine(8, 0, LRUPolicy(), "cpu", cache_unreferenced=mode)
+    engine = PythonEngine(8, 0, LRUPolicy(), cache_unreferenced=mode)
     assert engine.retains_unreferenced is mode
-    engine_default = PythonEngine(8, 0, RefZeroPolicy(), "cpu")  # no mode given: the policy's
+    engine_default = PythonEngine(8, 0, RefZeroPolicy())  # no mode given: the policy's
     assert engine_default.retains_unreferenced is False
 
 
