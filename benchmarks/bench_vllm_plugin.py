@@ -13,7 +13,9 @@ the last column the plugin's hit rate minus prefixcache's own for that policy.
 
 Traces: the three seeded families of :mod:`prefixcache.tools.workloads` and the shipped
 Mooncake sample. Times: microseconds per request (min/median/max over ``--repeats``, the
-first a warm-up) for vLLM without the plugin, with ``lru`` and with ``auto``.
+first a warm-up) for vLLM without the plugin and with each of ``--time-policies`` (default
+``lru``, ``auto``, ``s3fifo``); a policy with a native unit is timed twice, as the plugin
+runs it (native) and with its Python class (``PREFIXCACHE_ENGINE=python``).
 
 Run where vLLM 0.33 is installed (``../shared/bench/README.md``), from the checkout:
 ``PYTHONPATH=. $PEERS_VENV/bin/python benchmarks/bench_vllm_plugin.py``.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import platform
 import statistics
 import sys
@@ -33,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model
 
+from prefixcache.engine.native_engine import NATIVE_POLICIES
 from prefixcache.integrations import vllm as plugin
 from prefixcache.reference.trace import (
     TraceRequest,
@@ -123,22 +127,40 @@ def hit_table(
             print(f"| {trace_name} | {capacity} | {vanilla:.3f} | {' | '.join(cells)} | {note} |")
 
 
-def time_table(family: dict[str, list[TraceRequest]], capacity: int, repeats: int) -> None:
-    """Microseconds per request without the plugin, with ``lru`` and with ``auto``."""
+def time_settings(names: list[str]) -> list[tuple[str | None, str]]:
+    """vLLM as shipped, then each policy; one with a native unit (the queue runs it
+    unless ``PREFIXCACHE_ENGINE=python``) twice: native and its Python class."""
+    settings: list[tuple[str | None, str]] = [(None, "auto")]
+    for name in names:
+        if name in NATIVE_POLICIES and name != "lru":  # lru: the inline fast path either way
+            settings += [(name, "auto"), (name, "python")]
+        else:
+            settings.append((name, "auto"))
+    return settings
+
+
+def time_table(
+    family: dict[str, list[TraceRequest]], capacity: int, repeats: int, names: list[str]
+) -> None:
+    """Microseconds per request without the plugin and with each policy of ``names``."""
     print(f"\n| trace (capacity {capacity}) | setting | us/request min | median | max |")
     print("|---|---|---:|---:|---:|")
     for trace_name, requests in family.items():
         chains = [[h.to_bytes(32, "big") for h in trace_block_hashes(r.hash_ids)] for r in requests]
-        for setting in (None, "lru", "auto"):
+        for setting, engine in time_settings(names):
+            os.environ["PREFIXCACHE_ENGINE"] = engine
             samples = [
                 with_policy(setting, chains, capacity, trim=False)[1] for _ in range(repeats + 1)
             ][1:]
             us = sorted(s / len(chains) * 1e6 for s in samples)
             label = "vLLM" if setting is None else f"plugin {setting}"
+            if setting in NATIVE_POLICIES and setting != "lru":
+                label += " (python)" if engine == "python" else " (native)"
             print(
                 f"| {trace_name} | {label} | {us[0]:.1f} | {statistics.median(us):.1f} "
                 f"| {us[-1]:.1f} |"
             )
+    os.environ.pop("PREFIXCACHE_ENGINE", None)
 
 
 def __getattr__(name: str) -> Any:
@@ -174,6 +196,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--time-capacity", type=int, default=300)
+    parser.add_argument(
+        "--time-policies",
+        default="lru,auto,s3fifo",
+        help="policies timed beside vLLM (a natively run one also with its Python class)",
+    )
     args = parser.parse_args(argv)
     vllm = importlib.import_module("vllm")
     auto = "auto" if "auto" in plugin.policies.available() else plugin.AUTO_POLICY
@@ -184,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     family = traces(args.requests, args.seed)
     capacities = [int(c) for c in args.capacities.split(",")]
     hit_table(family, capacities, args.policies.split(","))
-    time_table(family, args.time_capacity, args.repeats)
+    time_table(family, args.time_capacity, args.repeats, args.time_policies.split(","))
 
 
 if __name__ == "__main__":

@@ -176,7 +176,7 @@ class PriorityPolicy(EvictionPolicy):
         key = (priority, last_access, block_id)
         self._key_of[block_id] = key
         self._hash_of[block_id] = block_hash
-        self._block_of[block_hash] = block_id
+        self._block_of[block_hash] = block_id  # the latest, when two leaves share a hash
         (self._retained if priority > self._default else self._others).add(key)
 
     def _remove(self, block_id: int) -> tuple[int, int]:
@@ -184,7 +184,8 @@ class PriorityPolicy(EvictionPolicy):
         key = self._key_of.pop(block_id)
         (self._retained if key[0] > self._default else self._others).remove(key)
         block_hash = self._hash_of.pop(block_id)
-        del self._block_of[block_hash]
+        if self._block_of.get(block_hash) == block_id:  # vLLM may cache one hash twice
+            del self._block_of[block_hash]
         return block_hash, key[1]
 
     def insert(

@@ -87,7 +87,16 @@ def native_policy(
     """
     if config.cache_unreferenced is False:  # nothing is cached: the policy never runs
         return "ref_zero", {}
-    spec = config.eviction_policy
+    return native_policy_spec(config.eviction_policy, policy)
+
+
+def native_policy_spec(spec: object, policy: EvictionPolicy) -> tuple[str, dict[str, float]] | None:
+    """The native policy that answers as ``policy``, built from ``spec``, or None.
+
+    ``spec`` is what the user gave: a name, or a mapping of ``name`` and keyword
+    arguments. Also what the vLLM plugin asks before it runs a native policy in its
+    queue. Complexity: O(options).
+    """
     name: object = spec
     options: dict[str, float] = {}
     if isinstance(spec, Mapping):

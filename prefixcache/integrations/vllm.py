@@ -32,7 +32,10 @@ What maps to what (DESIGN.md, "vLLM integration"):
 
 The queue is :mod:`prefixcache.integrations.vllm_queue`; a policy that builds a plain
 ``LRUPolicy`` gets :mod:`prefixcache.integrations.vllm_lru`'s queue instead, the same
-order kept inline (no hashing, no policy calls per block).
+order kept inline (no hashing, no policy calls per block). A built-in policy installed by
+name runs as its native unit (``_native.NativePolicy``, the policy of the compiled
+engine: the same answers, call for call) unless the extension is not built or
+``PREFIXCACHE_ENGINE=python``; a policy class or factory runs its Python object.
 
 Costs: ``append``/``remove``/``popleft`` O(1) plus the policy's O(log n); the parent and
 child links are dict entries, the two free-order sections ordered dicts. The blocks'
@@ -54,11 +57,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixcache import policies
+from prefixcache.engine.native_engine import native_available, native_module
+from prefixcache.engine.selection import ENGINE_ENV, native_policy_spec
 from prefixcache.engine.version import installed_version
 from prefixcache.errors import ConfigError
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue, policy_hash
-from prefixcache.policies import EvictionPolicy, UnknownPolicyError
+from prefixcache.policies import EvictionPolicy, UnknownPolicyError, has_hook
 
 __all__ = [
     "OPTIONS_ENV",
@@ -107,10 +112,18 @@ class _QueueFactory:
         self.name = ""
         self.make_policy: Callable[[], EvictionPolicy] = policies.LRUPolicy
         self.fast_lru = True
+        # A built-in policy by name runs as a native policy unit in the queue: the
+        # name and options of it, and whether its class takes on_register calls.
+        self.native: tuple[str, dict[str, float], bool] | None = None
 
     def __call__(self, blocks: list[Any]) -> PolicyFreeBlockQueue:
         if self.fast_lru:
             return LruFreeBlockQueue(blocks)
+        if self.native is not None:
+            name, options, on_register = self.native
+            num_blocks = 1 + max((block.block_id for block in blocks), default=0)
+            policy = native_module().NativePolicy(name, num_blocks, options)
+            return PolicyFreeBlockQueue(blocks, policy, on_register=on_register)
         return PolicyFreeBlockQueue(blocks, self.make_policy())
 
 
@@ -145,8 +158,10 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
     """
     make_policy, name = _policy_factory(policy, dict(options))
     block_pool = _block_pool_module()
+    sample = make_policy()
     _FACTORY.make_policy, _FACTORY.name = make_policy, name
-    _FACTORY.fast_lru = type(make_policy()) is policies.LRUPolicy
+    _FACTORY.fast_lru = type(sample) is policies.LRUPolicy
+    _FACTORY.native = _native_queue_policy(name, isinstance(policy, str), options, sample)
     if block_pool.FreeKVCacheBlockQueue is not _FACTORY:
         _patch(block_pool, "FreeKVCacheBlockQueue", _FACTORY)
     pool_class = block_pool.BlockPool
@@ -236,6 +251,27 @@ def _policy_factory(
     if not isinstance(sample, EvictionPolicy):
         raise ConfigError(f"policy {name!r} built {sample!r}, which is no EvictionPolicy")
     return make, name
+
+
+def _native_queue_policy(
+    name: str, by_name: bool, options: dict[str, Any], sample: EvictionPolicy
+) -> tuple[str, dict[str, float], bool] | None:
+    """The native policy the queue runs for policy ``name`` (None: its Python object runs).
+
+    A built-in policy given by name runs natively, as in the allocator
+    (:func:`~prefixcache.engine.selection.native_policy_spec`), unless the native
+    engine is not built or ``PREFIXCACHE_ENGINE=python`` asks for the reference.
+    """
+    if not by_name or os.environ.get(ENGINE_ENV, "").strip().lower() == "python":
+        return None
+    spec = native_policy_spec({"name": name, **options}, sample)
+    if spec is None or spec[0] == "ref_zero" or not native_available():
+        return None
+    try:
+        native_module().NativePolicy(spec[0], 1, spec[1])
+    except ConfigError:  # an option the Python class takes but the native one refuses
+        return None
+    return spec[0], spec[1], has_hook(sample, "on_register")
 
 
 def _block_pool_module() -> Any:

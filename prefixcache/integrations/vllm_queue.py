@@ -62,9 +62,19 @@ class PolicyFreeBlockQueue:
     Blocks are vLLM ``KVCacheBlock`` objects (or anything with ``block_id``,
     ``block_hash``, ``is_null`` and the two link fields); state is keyed by
     ``block_id``. Not thread-safe.
+
+    Args:
+        blocks: every block of the pool, free, in hand-out order.
+        policy: an :class:`EvictionPolicy`, or a native policy
+            (``_native.NativePolicy``, the same methods) that answers as one.
+        on_register: whether the policy wants ``on_register`` calls; None asks
+            :func:`has_hook` (a native policy has every method, so the plugin
+            passes what its Python class answers).
     """
 
-    def __init__(self, blocks: Iterable[Any], policy: EvictionPolicy) -> None:
+    def __init__(
+        self, blocks: Iterable[Any], policy: EvictionPolicy, *, on_register: bool | None = None
+    ) -> None:
         self.policy = policy
         self.num_free_blocks = 0
         self._first: OrderedDict[int, Any] = OrderedDict()  # hash-less, handed out first
@@ -78,7 +88,7 @@ class PolicyFreeBlockQueue:
         self._accesses: dict[int, int] = {}  # 1 + prefix hits since it was filled
         self._stamp: dict[int, int] = {}  # clock when last freed
         self._clock = 0
-        self._on_register = has_hook(policy, "on_register")
+        self._on_register = has_hook(policy, "on_register") if on_register is None else on_register
         self.prepend_n(list(blocks))
 
     # ------------------------------------------------------------------ queue interface

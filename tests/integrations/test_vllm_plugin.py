@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 )
 
 from prefixcache import policies
+from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
 from prefixcache.errors import ConfigError, InvariantError
 from prefixcache.integrations import vllm as plugin
 from prefixcache.integrations import vllm_queue
@@ -465,6 +466,39 @@ def test_the_lru_fast_path_hands_out_what_the_lru_policy_does(block_pool: Any) -
             assert (type(pool.free_block_queue) is LruFreeBlockQueue) is fast
             runs.append(random_run(pool, seed))
         assert runs[0] == runs[1], seed
+
+
+@pytest.mark.skipif(not native_available(), reason="the native engine is not built")
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [(name, {}) for name in sorted(set(NATIVE_POLICIES) - {"lru", "ref_zero"})]
+    + [("s3fifo", {"ghost_capacity": 3, "small_fraction": 0.3})],
+)
+def test_a_built_in_policy_runs_natively_and_hands_out_what_its_class_does(
+    block_pool: Any, monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, float]
+) -> None:
+    """Issue 25, item 5: the queue runs the native unit of a policy named by name, and
+    vLLM sees the same blocks, hits and free order as with the Python class."""
+    from prefixcache.engine import _native
+
+    for seed in range(4):
+        runs = []
+        for engine in ("python", "auto"):
+            monkeypatch.setenv("PREFIXCACHE_ENGINE", engine)
+            plugin.install(name, **options)
+            pool = block_pool.BlockPool(14)
+            native = isinstance(pool.free_block_queue.policy, _native.NativePolicy)
+            assert native is (engine == "auto"), engine
+            runs.append(random_run(pool, seed))
+        assert runs[0] == runs[1], (name, seed)
+
+
+def test_a_policy_class_keeps_its_python_object(
+    block_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PREFIXCACHE_ENGINE", raising=False)
+    plugin.install(policies.S3FIFOPolicy)
+    assert type(block_pool.BlockPool(8).free_block_queue.policy) is policies.S3FIFOPolicy
 
 
 def test_a_chain_is_eaten_from_its_end_whatever_order_it_is_freed_in(block_pool: Any) -> None:

@@ -191,8 +191,13 @@ def test_every_native_policy_method_leaves_its_arguments_refcounts_as_they_were(
         ("clear", ()),
         ("memory_bytes", ()),
         ("insert", (3, "x", 1, 1, 0)),  # refused
+        ("__copy__", ()),
+        ("__deepcopy__", ({},)),
     ]
-    methods = {name for name in dir(_native.NativePolicy) if not name.startswith("_")}
+    copies = {"__copy__", "__deepcopy__"}
+    methods = {
+        name for name in dir(_native.NativePolicy) if not name.startswith("_") or name in copies
+    }
     assert methods == {name for name, _ in calls}
     for name, args in calls:
         policy = _native.NativePolicy("priority", 16)

@@ -12,6 +12,7 @@ same victims until empty.
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 from collections.abc import Sequence
@@ -227,6 +228,27 @@ def test_long_programs_agree(name: str, options: dict[str, float], seed: int) ->
     """Long seeded programs: ghost lists and histories wrap, learned tables refresh."""
     program = Program(name, options, seeded_draw(seed))
     for _ in range(LONG_STEPS):
+        program.step()
+    program.drain()
+
+
+@pytest.mark.parametrize(("name", "options"), CASES)
+def test_a_copy_carries_the_whole_state_and_is_independent(
+    name: str, options: dict[str, float]
+) -> None:
+    """copy.deepcopy of a native policy answers as a deep copy of its Python class, and
+    the original goes on as before (the vLLM plugin replays its order on a copy)."""
+    program = Program(name, options, seeded_draw(2))
+    for _ in range(300):
+        program.step()
+    twin = copy.copy(program)
+    twin.native, twin.python = copy.deepcopy(program.native), copy.deepcopy(program.python)
+    twin.tracked = dict(program.tracked)
+    for _ in range(300):
+        twin.step()
+    twin.drain()
+    assert len(copy.copy(program.native)) == len(program.tracked)
+    for _ in range(300):
         program.step()
     program.drain()
 

@@ -305,6 +305,32 @@ def test_priority_resetting_to_default_and_reranking_tracked_blocks() -> None:
         policy.set_retention(1000, "high", None)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_priority_tolerates_two_leaves_with_one_hash(native: bool) -> None:
+    """vLLM can cache one hash in two blocks: both are leaves, retention re-ranks the
+    latest, and evicting both in either order works (it raised KeyError before)."""
+    if native:
+        from prefixcache.engine.native_engine import native_available
+
+        if not native_available():
+            pytest.skip("the native engine is not built")
+        from prefixcache.engine import _native
+
+        policy = _native.NativePolicy("priority", 8)
+    else:
+        policy = PriorityPolicy()
+    policy.insert(1, 7000, 1, 1, 0)
+    policy.insert(2, 7000, 2, 1, 0)  # the twin
+    policy.insert(3, 3000, 3, 1, 0)
+    policy.set_retention(7000, 90, None)  # re-ranks block 2, the latest with the hash
+    assert policy.evict(3) == [1, 3, 2]
+    policy.insert(1, 7000, 4, 1, 0)
+    policy.insert(2, 7000, 5, 1, 0)
+    policy.discard(2)
+    policy.discard(1)
+    assert len(policy) == 0
+
+
 def test_priority_cap_lets_excess_pinned_blocks_compete_as_default() -> None:
     policy = PriorityPolicy(max_retained_fraction=0.5)
     for block_id in (1, 2, 3):

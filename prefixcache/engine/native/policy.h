@@ -108,6 +108,17 @@ class Policy {
   virtual bool uses_touch() const noexcept { return true; }
   /// Give the policy read access to the engine's state (called once, before any other call).
   virtual void bind(const EngineView* view) noexcept { (void)view; }
+  /// An independent copy of the policy and all its history (a bound view is shared).
+  virtual std::unique_ptr<Policy> clone() const = 0;
+};
+
+/// The base of a policy class: clone() as its copy constructor, written once.
+template <class Derived>
+class CopyablePolicy : public Policy {
+ public:
+  std::unique_ptr<Policy> clone() const override {
+    return std::make_unique<Derived>(static_cast<const Derived&>(*this));
+  }
 };
 
 constexpr int64_t kNoExpiry = INT64_MAX;

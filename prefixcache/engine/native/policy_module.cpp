@@ -2,7 +2,7 @@
 //
 // The binding of policy.h for tests and tools: the same methods as a Python
 // EvictionPolicy (insert, discard, touch, evict, evicts_first, on_register,
-// set_retention, relocate, clear, len, in), so tests/native/test_native_policies.py
+// set_retention, relocate, clear, len, in, copy), so tests/native/test_native_policies.py
 // can drive a native policy and its Python class with the same calls. Calls are
 // checked here (a policy assumes valid calls): a block ID outside [0, num_blocks)
 // raises InvalidBlockIdError, inserting a tracked block BlockStateError, and
@@ -240,6 +240,22 @@ int policy_contains(PyObject* self, PyObject* key) {
   return policy_of(self).contains(static_cast<int32_t>(block_id)) ? 1 : 0;
 }
 
+// copy.copy / copy.deepcopy: a new NativePolicy with a clone of the whole policy state
+// (the vLLM plugin replays the hand-out order on a copy). Both copies are deep: a native
+// policy holds no Python objects, so there is nothing a shallow copy could share.
+PyObject* policy_copy(PyObject* self, PyObject*) {
+  if (!ready(self)) return nullptr;
+  std::unique_ptr<Policy> copy;
+  POLICY_GUARD(copy = policy_of(self).clone();)
+  PyObject* result = Py_TYPE(self)->tp_alloc(Py_TYPE(self), 0);
+  if (!result) return nullptr;
+  auto* object = reinterpret_cast<PolicyObject*>(result);
+  object->policy = copy.release();
+  object->num_blocks = reinterpret_cast<PolicyObject*>(self)->num_blocks;
+  object->busy = false;
+  return result;
+}
+
 PyObject* module_policy_names(PyObject*, PyObject*) {
   const std::vector<std::string> names = native_policy_names();
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(names.size()));
@@ -274,6 +290,8 @@ PyMethodDef g_policy_methods[] = {
      "set_retention(block_hash, priority, expires_at=None)"},
     {"clear", ENTER(policy_clear), METH_NOARGS, "clear(): forget everything"},
     {"memory_bytes", ENTER(policy_memory_bytes), METH_NOARGS, "memory_bytes() -> int"},
+    {"__copy__", ENTER(policy_copy), METH_NOARGS, "an independent copy of the policy"},
+    {"__deepcopy__", ENTER(policy_copy), METH_O, "__deepcopy__(memo): as __copy__"},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -26,7 +26,7 @@ struct Stay {
   int64_t num_accesses = 0;
 };
 
-class ArcPolicy final : public Policy {
+class ArcPolicy final : public CopyablePolicy<ArcPolicy> {
  public:
   ArcPolicy(int32_t num_blocks, int64_t ghost_capacity, double initial_share)
       : ghost_capacity_(ghost_capacity),

@@ -150,7 +150,7 @@ class ClassHeaps {
   size_t size_ = 0;
 };
 
-class HazardPolicy final : public Policy {
+class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
  public:
   HazardPolicy(int32_t num_blocks, int64_t history_capacity, int64_t half_life,
                double prior_weight, double smoothing, double window)

@@ -19,7 +19,7 @@ namespace {
 
 using Score = std::pair<double, int64_t>;  // (age + weight * accesses, last access)
 
-class LfuPolicy final : public Policy {
+class LfuPolicy final : public CopyablePolicy<LfuPolicy> {
  public:
   LfuPolicy(int32_t num_blocks, double weight)
       : weight_(weight),

@@ -11,7 +11,7 @@ namespace prefixcache {
 
 namespace {
 
-class HeapPolicy final : public Policy {
+class HeapPolicy final : public CopyablePolicy<HeapPolicy> {
  public:
   HeapPolicy(int32_t num_blocks, bool rekey_on_touch)
       : heap_(static_cast<size_t>(num_blocks)), rekey_on_touch_(rekey_on_touch) {}

@@ -29,7 +29,7 @@ struct Retention {
   int64_t expires_at;  // kNoExpiry: forever
 };
 
-class PriorityPolicy final : public Policy {
+class PriorityPolicy final : public CopyablePolicy<PriorityPolicy> {
  public:
   PriorityPolicy(int32_t num_blocks, int64_t default_priority, double max_retained_fraction)
       : default_(default_priority),
@@ -104,6 +104,7 @@ class PriorityPolicy final : public Policy {
   void place(int32_t block_id, int64_t block_hash, int64_t last_access) {
     const int64_t priority = priority_of(block_hash);
     hash_of_[block_id] = block_hash;
+    if (block_of_.find(block_hash) >= 0) block_of_.erase(block_hash);  // the latest of twins
     block_of_.insert(block_hash, block_id);
     (priority > default_ ? retained_ : others_).insert(block_id, Rank{priority, last_access});
   }
@@ -113,7 +114,7 @@ class PriorityPolicy final : public Policy {
     KeyedHeap<Rank>& list = retained_.contains(block_id) ? retained_ : others_;
     const int64_t last_access = list.key_of(block_id).second;
     list.remove(block_id);
-    block_of_.erase(hash_of_[block_id]);
+    if (block_of_.find(hash_of_[block_id]) == block_id) block_of_.erase(hash_of_[block_id]);
     return last_access;
   }
 

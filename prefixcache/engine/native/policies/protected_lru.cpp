@@ -17,7 +17,7 @@ namespace prefixcache {
 
 namespace {
 
-class ProtectedLruPolicy final : public Policy {
+class ProtectedLruPolicy final : public CopyablePolicy<ProtectedLruPolicy> {
  public:
   ProtectedLruPolicy(int32_t num_blocks, int64_t history_capacity)
       : probation_(static_cast<size_t>(num_blocks)),

@@ -18,7 +18,7 @@ namespace prefixcache {
 
 namespace {
 
-class ReuseLruPolicy final : public Policy {
+class ReuseLruPolicy final : public CopyablePolicy<ReuseLruPolicy> {
  public:
   ReuseLruPolicy(int32_t num_blocks, double reuse_weight, int64_t history_capacity,
                  double smoothing)

@@ -32,7 +32,7 @@ struct Stay {
   Place place{0, 0};
 };
 
-class S3FifoPolicy final : public Policy {
+class S3FifoPolicy final : public CopyablePolicy<S3FifoPolicy> {
  public:
   S3FifoPolicy(int32_t num_blocks, double small_fraction, int64_t ghost_capacity,
                int64_t promote_after)

@@ -16,7 +16,7 @@ namespace prefixcache {
 
 namespace {
 
-class SlruPolicy final : public Policy {
+class SlruPolicy final : public CopyablePolicy<SlruPolicy> {
  public:
   SlruPolicy(int32_t num_blocks, double protected_fraction)
       : protected_fraction_(protected_fraction),
