@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from prefixcache.engine.native_engine import native_available
 from prefixcache.integrations import vllm as plugin
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (CI's unit stage)")
@@ -25,8 +26,10 @@ if not str(vllm.__version__).startswith(plugin.SUPPORTED_VERSION + "."):
 RUNNER = Path(__file__).with_name("vllm_core_suite.py")
 
 
-@pytest.mark.parametrize("policy", ["lru", "auto"])
+@pytest.mark.parametrize("policy", ["lru", "auto", "s3fifo"])
 def test_vllms_core_tests_pass_with_the_plugin(policy: str) -> None:
+    """``s3fifo``: a built-in policy by name runs its native unit in vLLM's queue, as a
+    user gets it (the suite's ``PREFIXCACHE_ENGINE=python`` is not passed on)."""
     command = [sys.executable, str(RUNNER), "--policy", policy, "--version", vllm.__version__]
     sdist = os.environ.get("PREFIXCACHE_VLLM_SDIST")
     if sdist:
@@ -35,7 +38,7 @@ def test_vllms_core_tests_pass_with_the_plugin(policy: str) -> None:
             command += ["--sha256", os.environ["PREFIXCACHE_VLLM_SDIST_SHA256"]]
     root = Path(__file__).resolve().parents[2]
     env = {
-        **os.environ,
+        **{key: value for key, value in os.environ.items() if key != "PREFIXCACHE_ENGINE"},
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
@@ -43,3 +46,5 @@ def test_vllms_core_tests_pass_with_the_plugin(policy: str) -> None:
     assert done.returncode == 0, tail
     assert f"prefixcache plugin: policy '{policy}'" in done.stdout, tail
     assert " failed" not in done.stdout.splitlines()[-1], tail
+    if policy == "s3fifo" and native_available():
+        assert "(NativePolicy)" in done.stdout, tail

@@ -157,6 +157,7 @@ class InstallPlugin:
         self.policy = policy
         self.deselected = deselected
         self.pools = 0
+        self.policy_types: set[str] = set()  # the policy objects' classes the queues ran
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[Any]) -> None:
         """Deselect each named test: a node ID, or a function's ID and all its parameters."""
@@ -175,9 +176,10 @@ class InstallPlugin:
         plugin.install(self.policy)
         queue_init = plugin.PolicyFreeBlockQueue.__init__
 
-        def counting_init(queue: Any, blocks: Any, policy: Any) -> None:
+        def counting_init(queue: Any, blocks: Any, policy: Any, **options: Any) -> None:
             self.pools += 1
-            queue_init(queue, blocks, policy)
+            self.policy_types.add(type(policy).__name__)
+            queue_init(queue, blocks, policy, **options)
 
         plugin.PolicyFreeBlockQueue.__init__ = counting_init  # type: ignore[method-assign]
 
@@ -186,7 +188,8 @@ class InstallPlugin:
 
         terminalreporter.write_line(
             f"prefixcache plugin: policy {plugin.installed_policy()!r}, "
-            f"{self.pools} vLLM block pools built with its queue"
+            f"{self.pools} vLLM block pools built with its queue "
+            f"({', '.join(sorted(self.policy_types)) or 'the inline lru queue'})"
         )
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
