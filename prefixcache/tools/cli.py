@@ -1,5 +1,11 @@
 """The ``prefixcache`` command: replay a request trace and compare eviction policies.
 
+Commands: ``replay``, ``compare``, ``sweep`` (hit rate against memory, with the
+smallest size worth having: :mod:`prefixcache.tools.sweep`) and ``convert``
+(a user's own requests as a trace: :mod:`prefixcache.tools.convert_cli`).
+Capacities may be given in bytes (``8GiB``) with ``--model-shape``
+(:mod:`prefixcache.tools.memory`).
+
 ``prefixcache replay`` runs one policy at one capacity; ``prefixcache compare``
 runs several policies over several capacities, always with the offline
 optimum (``belady``) as the reference, prints a markdown table and, when
@@ -117,8 +123,9 @@ def _epilog() -> str:
         f"policies: {names}; {OPTIMUM_POLICY} is the offline optimum (compare always runs it)."
         "\n\ntrace: Mooncake JSONL, one request a line, e.g. "
         '{"timestamp": 0, "input_length": 1024, "output_length": 64, "hash_ids": [1, 2]}: '
-        "hash_ids are the prompt's block IDs in order (blocks of 512 tokens), shared "
-        "between requests that share a prefix. Without --trace: the shipped sample."
+        "hash_ids are the prompt's block IDs in order (blocks of 512 tokens unless "
+        "--block-size says otherwise), shared between requests that share a prefix. Without "
+        "--trace: the shipped sample. `prefixcache convert` writes one from your own requests."
     )
 
 

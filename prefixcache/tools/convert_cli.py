@@ -46,8 +46,9 @@ def add_convert_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "convert",
         help="turn token-ID JSONL, chat logs or vLLM request logs into a Mooncake trace",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write a Mooncake-format trace (JSONL) from your own requests. Block IDs "
+        "are chained as Mooncake's are: requests that share a prefix share their leading IDs; "
+        "a partial last block gets an ID of its own. A bad line stops it, naming the line.",
     )
     parser.add_argument("input", type=Path, help="the file to convert")
     parser.add_argument(
