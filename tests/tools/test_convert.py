@@ -235,3 +235,43 @@ def test_a_hugging_face_tokenizer_uses_its_chat_template_with_the_generation_pro
     assert load_tokenizer("org/base-model")(messages) == [4, 5]  # no template: role lines
     assert fakes[1].calls == [("encode", "user: hi\n")]
     assert loaded == ["org/chat-model", "org/base-model"]
+
+
+def test_without_output_the_trace_goes_to_stdout_and_the_summary_to_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_lines(tmp_path / "in.jsonl", [{"token_ids": [1, 2, 3]}])
+    status, printed, err = run(["convert", str(source), "--block-size", "2"], capsys)
+    assert status == 0
+    assert json.loads(printed) == {
+        "timestamp": 0,
+        "input_length": 3,
+        "output_length": 0,
+        "hash_ids": [0, 1],
+    }
+    assert "wrote 1 requests in 2-token blocks to stdout" in err
+
+
+def test_an_input_that_is_not_utf8_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"token_ids": [1]}\n\xff\xfe\n')
+    status, _, err = run(["convert", str(source), "-o", str(tmp_path / "t.jsonl")], capsys)
+    assert status == 1 and "is not UTF-8 text" in err
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_a_tokenizer_that_cannot_be_had_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    with pytest.raises(InvalidArgumentError, match="os:sep is not a callable"):
+        load_tokenizer("os:sep")
+
+    def from_pretrained(name: str) -> None:
+        raise OSError(f"{name} is not a local folder and the hub cannot be reached")
+
+    fake_module = SimpleNamespace(AutoTokenizer=SimpleNamespace(from_pretrained=from_pretrained))
+    monkeypatch.setitem(sys.modules, "transformers", fake_module)
+    with pytest.raises(InvalidArgumentError, match=r"cannot load tokenizer 'org/m'.*cannot be"):
+        load_tokenizer("org/m")
