@@ -141,13 +141,17 @@ def resolve_capacities(args: argparse.Namespace) -> list[str]:
     Returns one line on the bytes a block takes and one per capacity in bytes.
 
     Raises:
-        BadArgument: bytes without a shape, or a size that holds no block.
+        BadArgument: bytes without a shape or with ``--workers``, or a size that holds no
+            block.
     """
     argument = "--capacity" if hasattr(args, "capacity") else "--capacities"
     given = (args.capacity,) if hasattr(args, "capacity") else tuple(args.capacities or ())
     shape = getattr(args, "model_shape", None)
+    in_bytes = any(isinstance(value, ByteSize) for value in given)
+    if in_bytes and getattr(args, "workers", None):
+        raise BadArgument(argument, "--workers sizes the cluster in blocks, with --total-capacity")
     if shape is None:
-        if any(isinstance(value, ByteSize) for value in given):
+        if in_bytes:
             raise BadArgument(
                 argument,
                 "a capacity in bytes needs --model-shape (e.g. "

@@ -112,6 +112,14 @@ def test_bad_byte_capacities_are_refused(
     assert argument in err and reason in err, err
 
 
+def test_bytes_are_refused_where_workers_size_the_cluster_in_blocks(
+    trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["compare", "--trace", str(trace), "--workers", "2", "--capacities", "8GiB"]
+    assert cli.main([*argv, "--model-shape", LLAMA_8B]) == 2
+    assert "--workers sizes the cluster in blocks" in capsys.readouterr().err
+
+
 def test_another_block_size_is_refused_where_a_replay_assumes_512(
     trace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
