@@ -15,8 +15,12 @@ plugin), ``pool`` (``bench_vllm_plugin.vllm_replay``: the same steps on ``BlockP
 alone), ``prefixcache`` (``replay``: prefixcache's own engine). Equal semantics give equal
 numbers; the note in ``benchmarks/results/vllm_2026-11-25.md`` says where they differ.
 
+``--trace PATH`` replays that Mooncake-format trace (``prefixcache convert`` makes one
+from your own requests) instead of the generated family and the shipped sample;
+``--requests`` then reads its first N requests.
+
 Run where vLLM 0.33 is installed (``../shared/bench/README.md``), from the checkout:
-``PYTHONPATH=. $PEERS_VENV/bin/python benchmarks/bench_vllm_manager.py``.
+``PYTHONPATH=. $PEERS_VENV/bin/python benchmarks/bench_vllm_manager.py [--trace PATH]``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from bench_vllm_plugin import block_chains, traces, with_policy
 from machine import cpu_model
 
 from prefixcache.integrations import vllm as plugin
-from prefixcache.reference.trace import TraceRequest, trace_block_hashes
+from prefixcache.reference.trace import TraceRequest, load_mooncake_trace, trace_block_hashes
 from prefixcache.tools.replay import replay
 
 BLOCK_SIZE = 16
@@ -111,7 +115,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--capacities", default="100,300,1000")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--trace", type=Path, default=None, help="a Mooncake JSONL trace to replay instead"
+    )
     args = parser.parse_args(argv)
+    workload = (
+        {args.trace.stem: load_mooncake_trace(args.trace, limit=args.requests)}
+        if args.trace is not None
+        else traces(args.requests, args.seed)
+    )
     vllm = importlib.import_module("vllm")
     print(
         f"vLLM {vllm.__version__}, Python {platform.python_version()}, {cpu_model()}; "
@@ -119,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("| trace | capacity | policy | manager | pool | prefixcache |")
     print("|---|---:|---|---:|---:|---:|")
-    for trace_name, requests in traces(args.requests, args.seed).items():
+    for trace_name, requests in workload.items():
         tokens, chains = prompts(requests), block_chains(requests)
         for capacity in (int(c) for c in args.capacities.split(",")):
             for policy in [None, *args.policies.split(",")]:

@@ -1,5 +1,11 @@
 """The ``prefixcache`` command: replay a request trace and compare eviction policies.
 
+Commands: ``replay``, ``compare``, ``sweep`` (hit rate against memory, with the
+smallest size worth having: :mod:`prefixcache.tools.sweep`) and ``convert``
+(a user's own requests as a trace: :mod:`prefixcache.tools.convert_cli`).
+Capacities may be given in bytes (``8GiB``) with ``--model-shape``
+(:mod:`prefixcache.tools.memory`).
+
 ``prefixcache replay`` runs one policy at one capacity; ``prefixcache compare``
 runs several policies over several capacities, always with the offline
 optimum (``belady``) as the reference, prints a markdown table and, when
@@ -27,6 +33,7 @@ and exits with status 2; a failure during a run exits with 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 import time
@@ -42,19 +49,24 @@ from prefixcache.tiers import TieredReplayResult, replay_tiered
 from prefixcache.tools.cli_arguments import (
     DEFAULT_PLOT,
     BadArgument,
+    add_memory_arguments,
+    add_trace_arguments,
+    capacity,
+    capacity_list,
     check_arguments,
     non_negative,
     policy_list,
     policy_name,
-    positive,
-    positive_list,
+    show_progress,
 )
 from prefixcache.tools.compare_report import results_table, share_table, write_plot
+from prefixcache.tools.convert_cli import add_convert_parser
 from prefixcache.tools.replay import (
     OPTIMUM_POLICY,
     replay,
     replay_concurrent,
 )
+from prefixcache.tools.sweep import add_sweep_parser, replay_grid
 
 __all__ = ["main"]
 
@@ -84,10 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     try:
-        check_arguments(args)
+        getattr(args, "check", check_arguments)(args)  # convert checks its own arguments
     except BadArgument as exc:
         print(f"prefixcache: error: argument {exc.argument}: {exc}", file=sys.stderr)
         return 2
+    for note in getattr(args, "notes", ()):
+        print(note)  # capacities given in bytes, as the blocks they resolve to
     try:
         return int(args.handler(args))
     except PrefixCacheError as exc:
@@ -109,8 +123,9 @@ def _epilog() -> str:
         f"policies: {names}; {OPTIMUM_POLICY} is the offline optimum (compare always runs it)."
         "\n\ntrace: Mooncake JSONL, one request a line, e.g. "
         '{"timestamp": 0, "input_length": 1024, "output_length": 64, "hash_ids": [1, 2]}: '
-        "hash_ids are the prompt's block IDs in order (blocks of 512 tokens), shared "
-        "between requests that share a prefix. Without --trace: the shipped sample."
+        "hash_ids are the prompt's block IDs in order (blocks of 512 tokens unless "
+        "--block-size says otherwise), shared between requests that share a prefix. Without "
+        "--trace: the shipped sample. `prefixcache convert` writes one from your own requests."
     )
 
 
@@ -130,11 +145,15 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_trace_arguments(one)
+    add_trace_arguments(one)
     one.add_argument("--policy", default="lru", type=policy_name, help="default: lru")
     one.add_argument(
-        "--capacity", default=5000, type=positive, help="cached blocks (default: 5000)"
+        "--capacity",
+        default=5000,
+        type=capacity,
+        help="cached blocks, or bytes with --model-shape (e.g. 8GiB; default: 5000 blocks)",
     )
+    add_memory_arguments(one)
     one.add_argument(
         "--host-capacity",
         default=0,
@@ -155,7 +174,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_trace_arguments(many)
+    add_trace_arguments(many)
     many.add_argument(
         "--policies",
         type=policy_list,
@@ -165,10 +184,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     many.add_argument(
         "--capacities",
-        type=positive_list,
+        type=capacity_list,
         default=DEFAULT_CAPACITIES,
-        help="comma-separated capacities in blocks (default: 1000,5000,20000)",
+        help="comma-separated capacities, in blocks or bytes with --model-shape "
+        "(e.g. 4GiB,8GiB; default: 1000,5000,20000 blocks)",
     )
+    add_memory_arguments(many)
     plot = many.add_mutually_exclusive_group()
     plot.add_argument(
         "--plot", type=Path, default=None, help=f"PNG to write (default: {DEFAULT_PLOT})"
@@ -186,28 +207,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_cluster_arguments(many)
     many.set_defaults(handler=_run_compare)
+    add_sweep_parser(commands, _epilog())
+    add_convert_parser(commands)
     return parser
-
-
-def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--trace", type=Path, default=None, help="JSONL trace (default: the shipped sample)"
-    )
-    parser.add_argument(
-        "--limit", type=positive, default=None, help="replay the first N requests (N >= 1)"
-    )
-    parser.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="hide the progress line (shown only when stderr is a terminal)",
-    )
 
 
 def _run_replay(args: argparse.Namespace) -> int:
     path, requests = args.trace_path, args.requests
     if args.host_capacity:
         return _run_tiered_replay(args)
-    result = replay(requests, args.capacity, args.policy, progress=_progress(args))
+    result = replay(
+        requests,
+        args.capacity,
+        args.policy,
+        progress=show_progress(args),
+        block_size=args.block_size,
+    )
     print(f"trace:         {path} ({result.num_requests} requests)")
     print(f"policy:        {result.policy}, capacity {result.capacity} blocks")
     print(f"hit rate:      {result.hit_rate:.3f} ({result.hit_blocks}/{result.prompt_blocks})")
@@ -255,13 +270,13 @@ def _run_compare(args: argparse.Namespace) -> int:
             "prefixcache: error: concurrency mode needs prefixcache.reference.sim", file=sys.stderr
         )
         return 1
-    run = replay_concurrent if args.concurrency else replay
+    run = (
+        replay_concurrent
+        if args.concurrency
+        else functools.partial(replay, block_size=args.block_size)
+    )
     path, requests = args.trace_path, args.requests
-    results = {
-        (name, capacity): run(requests, capacity, name, progress=_progress(args))
-        for capacity in args.capacities
-        for name in names
-    }
+    results = replay_grid(run, requests, names, args.capacities, progress=show_progress(args))
     print(f"{path.name}: {len(requests)} requests, {_MODES[args.concurrency]}\n")
     print(results_table(results, names, args.capacities))
     if args.table:
@@ -279,11 +294,6 @@ _MODES = {
         "hit rate = prompt tokens served from cache / prompt tokens"
     ),
 }
-
-
-def _progress(args: argparse.Namespace) -> bool:
-    """Draw progress only for a person watching: not asked away, and stderr a terminal."""
-    return not args.no_progress and sys.stderr.isatty()
 
 
 def _has_sim() -> bool:

@@ -12,12 +12,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 from pathlib import Path
 
 from prefixcache import policies
 from prefixcache.errors import InvalidArgumentError
-from prefixcache.reference.trace import TraceRequest, load_mooncake_trace, sample_trace_path
+from prefixcache.reference.trace import (
+    TRACE_BLOCK_SIZE,
+    TraceRequest,
+    load_mooncake_trace,
+    sample_trace_path,
+)
 from prefixcache.tiers import UNUSABLE_POLICIES
+from prefixcache.tools.memory import (
+    ByteSize,
+    ModelShape,
+    format_bytes,
+    parse_capacity,
+    parse_model_shape,
+)
 
 DEFAULT_PLOT = "prefixcache_compare.png"
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
@@ -59,18 +72,128 @@ def positive_list(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(positive(part) for part in text.split(",")))
 
 
+def capacity(text: str) -> int:
+    """Blocks (``5000``) or bytes (``8GiB``: a :class:`~prefixcache.tools.memory.ByteSize`,
+    resolved to blocks with ``--model-shape`` by :func:`check_arguments`)."""
+    try:
+        return parse_capacity(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def capacity_list(text: str) -> tuple[int, ...]:
+    return tuple(capacity(part) for part in text.split(","))
+
+
+def model_shape(text: str) -> ModelShape:
+    try:
+        return parse_model_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--trace``, ``--limit``, ``--no-progress``: how every replaying command reads its trace."""
+    parser.add_argument(
+        "--trace", type=Path, default=None, help="JSONL trace (default: the shipped sample)"
+    )
+    parser.add_argument(
+        "--limit", type=positive, default=None, help="replay the first N requests (N >= 1)"
+    )
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="hide the progress line (shown only when stderr is a terminal)",
+    )
+
+
+def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model-shape`` and ``--block-size``: what turns a capacity in bytes into blocks."""
+    parser.add_argument(
+        "--model-shape",
+        type=model_shape,
+        default=None,
+        metavar="layers=L,kv_heads=H,head_dim=D,dtype=T",
+        help="the model's KV shape, for capacities in bytes (e.g. 8GiB); dtype one of "
+        "fp32, fp16, bf16, fp8, int8. Bytes per block = 2 (K, V) x layers x kv_heads x "
+        "head_dim x dtype bytes x block size",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=positive,
+        default=TRACE_BLOCK_SIZE,
+        help=f"tokens per trace block, as `prefixcache convert --block-size` wrote them "
+        f"(default: {TRACE_BLOCK_SIZE}, Mooncake's)",
+    )
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Draw progress only for a person watching: not asked away, and stderr a terminal."""
+    return not args.no_progress and sys.stderr.isatty()
+
+
+def resolve_capacities(args: argparse.Namespace) -> list[str]:
+    """Turn capacities given in bytes into blocks, in place; return what to tell the user.
+
+    ``args.capacity`` (replay) or ``args.capacities`` (compare, sweep) may hold
+    :class:`~prefixcache.tools.memory.ByteSize` values; they need ``--model-shape``.
+    Each becomes ``bytes // bytes per block`` blocks, which must be at least 1.
+    Returns one line on the bytes a block takes and one per capacity in bytes.
+
+    Raises:
+        BadArgument: bytes without a shape or with ``--workers``, or a size that holds no
+            block.
+    """
+    argument = "--capacity" if hasattr(args, "capacity") else "--capacities"
+    given = (args.capacity,) if hasattr(args, "capacity") else tuple(args.capacities or ())
+    shape = getattr(args, "model_shape", None)
+    in_bytes = any(isinstance(value, ByteSize) for value in given)
+    if in_bytes and getattr(args, "workers", None):
+        raise BadArgument(argument, "--workers sizes the cluster in blocks, with --total-capacity")
+    if shape is None:
+        if in_bytes:
+            raise BadArgument(
+                argument,
+                "a capacity in bytes needs --model-shape (e.g. "
+                "layers=32,kv_heads=8,head_dim=128,dtype=bf16)",
+            )
+        return []
+    block_bytes = shape.bytes_per_block(args.block_size)
+    notes = [f"bytes per block: {shape.describe(args.block_size)}"]
+    blocks = []
+    for value in given:
+        if not isinstance(value, ByteSize):
+            blocks.append(value)
+            continue
+        count = value // block_bytes
+        if count < 1:
+            raise BadArgument(
+                argument, f"{format_bytes(value)} holds no block of {format_bytes(block_bytes)}"
+            )
+        notes.append(f"capacity {format_bytes(value)} = {count:,} blocks")
+        blocks.append(count)
+    if hasattr(args, "capacity"):
+        args.capacity = blocks[0]
+    elif args.capacities is not None:
+        args.capacities = tuple(dict.fromkeys(blocks))
+    return notes
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Check what argparse cannot, and load the trace, before any replay runs.
 
-    Sets ``args.trace_path``, ``args.requests`` and ``args.plot_target``.
+    Sets ``args.trace_path``, ``args.requests``, ``args.plot_target`` and
+    ``args.notes`` (lines the command prints first: capacities in bytes resolved).
 
     Raises:
         BadArgument: naming the argument and the reason.
     """
+    args.notes = resolve_capacities(args)
+    _check_block_size(args)
     if hasattr(args, "capacity"):
         _check_memory("--capacity", args.capacity)
         _check_host_tier(args)
-    else:
+    elif args.capacities is not None:  # sweep: None until the trace says (sweep.py)
         _check_memory("--capacities", max(args.capacities))
     total = getattr(args, "total_capacity", None)
     if total is not None:
@@ -84,6 +207,19 @@ def check_arguments(args: argparse.Namespace) -> None:
             )
     args.plot_target = _plot_target(args)
     args.trace_path, args.requests = _load(args)
+
+
+def _check_block_size(args: argparse.Namespace) -> None:
+    """Only the one-at-a-time replay takes another block size: the concurrent and cluster
+    replays size requests in Mooncake's 512-token blocks."""
+    if args.block_size == TRACE_BLOCK_SIZE:
+        return
+    for option in ("concurrency", "workers"):
+        if getattr(args, option, None):
+            flag = "--" + option.replace("_", "-")
+            raise BadArgument(
+                "--block-size", f"{flag} replays {TRACE_BLOCK_SIZE}-token blocks only"
+            )
 
 
 def _check_host_tier(args: argparse.Namespace) -> None:

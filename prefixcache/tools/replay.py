@@ -101,7 +101,7 @@ class ReplayResult:
         hit_blocks: prompt blocks found cached (longest cached prefix of each request).
         prompt_tokens: prompt tokens of all requests.
         tokens_saved: prefill tokens the hits spare: per request
-            ``min(hit blocks * TRACE_BLOCK_SIZE, input_length)``.
+            ``min(hit blocks * block size, input_length)``.
         evictions: blocks evicted from the cache.
         seconds: wall time of the replay (hashing included, trace loading not).
     """
@@ -133,6 +133,7 @@ def replay(
     policy: str = "lru",
     *,
     progress: bool = False,
+    block_size: int = TRACE_BLOCK_SIZE,
 ) -> ReplayResult:
     """Replay ``requests`` in order, one at a time, through an allocator with ``policy``.
 
@@ -142,6 +143,8 @@ def replay(
         policy: a registered policy name; ``"belady"`` is the offline optimum.
         progress: show a progress bar on long runs (tqdm when installed,
             else a counter on stderr).
+        block_size: tokens per trace block (what ``prefixcache convert`` used);
+            it counts ``tokens_saved`` and nothing else.
 
     Returns:
         A :class:`ReplayResult`.
@@ -154,6 +157,7 @@ def replay(
     inserted, hit or evicted block.
     """
     capacity = require_int(capacity, "capacity", minimum=0)
+    block_size = require_int(block_size, "block_size", minimum=1)
     _check_policy(policy)
     start = time.perf_counter()
     chains = [np.array(trace_block_hashes(r.hash_ids), dtype=np.int64) for r in requests]
@@ -167,7 +171,7 @@ def replay(
         spec = {"name": policy, "next_use": oracle}
     allocator = KVBlockAllocator(
         total_count=max(total_count, 2),
-        block_size_tokens=TRACE_BLOCK_SIZE,
+        block_size_tokens=block_size,
         eviction_policy=spec,
         device="cpu",
     )
@@ -179,7 +183,7 @@ def replay(
                 oracle.first_pending = index + 1
             num_hit = _replay_one(allocator, hashes, block_hash, capacity)
             hit_blocks += num_hit
-            tokens_saved += min(num_hit * TRACE_BLOCK_SIZE, request.input_length)
+            tokens_saved += min(num_hit * block_size, request.input_length)
             advance(1)
     return ReplayResult(
         policy=policy,
