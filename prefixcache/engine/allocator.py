@@ -15,6 +15,7 @@ from prefixcache.engine.block_ids import (
     to_block_ids,
     to_tensor,
 )
+from prefixcache.engine.clock_methods import ClockMethods, check_count
 from prefixcache.engine.config import AllocatorConfig, build_policy
 from prefixcache.engine.core import EngineCore
 from prefixcache.engine.defragment_methods import DefragmentMethods
@@ -22,6 +23,7 @@ from prefixcache.engine.device_mirror import DeviceMirrorMethods, FreeIdsMirror
 from prefixcache.engine.events import KVEventLog
 from prefixcache.engine.kv_event_methods import KVEventMethods
 from prefixcache.engine.moe_routing import MoERoutingMethods
+from prefixcache.engine.partition_methods import PartitionMethods
 from prefixcache.engine.pool import BlockPool, resolve_device
 from prefixcache.engine.prefix_hashing import (
     PrefixHashingMethods,
@@ -43,19 +45,9 @@ from prefixcache.errors import (
     InvalidArgumentError,
     InvariantError,
 )
-from prefixcache.policies import EvictionPolicy, has_hook
+from prefixcache.policies import EvictionPolicy
 
 _SENTINEL_HASHES = (0, -1)
-
-MAX_CLOCK = 1 << 62
-"""Furthest :meth:`KVBlockAllocator.advance_clock` may take the logical clock.
-
-The clock is stored in int64 per block; stopping at 2**62 leaves 2**62 ticks
-of room for the one tick each later hand-out, hit or touch adds."""
-
-
-def _check_count(num_blocks: object) -> int:
-    return require_int(num_blocks, "num_blocks", minimum=0)
 
 
 class KVBlockAllocator(
@@ -64,6 +56,8 @@ class KVBlockAllocator(
     MoERoutingMethods,
     RequestPathMethods,
     DefragmentMethods,
+    PartitionMethods,
+    ClockMethods,
     SessionMethods,
     DeviceMirrorMethods,
 ):
@@ -204,7 +198,7 @@ class KVBlockAllocator(
             InvalidArgumentError: ``num_blocks`` is not a non-negative int.
         """
         engine = self._engine
-        return _check_count(num_blocks) <= engine.num_free + engine.num_cached
+        return check_count(num_blocks) <= engine.num_free + engine.num_cached
 
     def allocate_memory_blocks(self, num_blocks: int) -> torch.Tensor | None:
         """Hand out ``num_blocks`` fresh blocks, each with one active reference.
@@ -224,7 +218,7 @@ class KVBlockAllocator(
 
         Complexity: O(num_blocks) vectorised, plus O(log n) per evicted block.
         """
-        block_ids = self._engine.allocate(_check_count(num_blocks))
+        block_ids = self._engine.allocate(check_count(num_blocks))
         if block_ids is None:
             return None
         if self._track_changes:
@@ -447,174 +441,6 @@ class KVBlockAllocator(
                 new_runs(new.tolist(), hashes), hashes, parent_hash, tokens, lora_name
             )
         return torch.from_numpy(holds)
-
-    # ------------------------------------------------------------------ partitions
-
-    def pause(self, block_ids: BlockIdsLike) -> None:
-        """Move one reference per occurrence from the active to the paused partition.
-
-        Raises:
-            ReferenceCountError: a block holds fewer active references than asked.
-            BudgetExceededError: more blocks would take their first paused
-                reference than :meth:`get_paused_avail` (nothing changes).
-
-        Complexity: O(k log k) vectorised.
-        """
-        ids = to_block_ids(block_ids, self.num_usable)
-        if ids.size:
-            self._engine.move(ids, to_paused=True)
-
-    def resume(self, block_ids: BlockIdsLike) -> None:
-        """Move one reference per occurrence from the paused to the active partition.
-
-        Raises:
-            ReferenceCountError: a block holds fewer paused references than asked.
-            BudgetExceededError: more than ``active_count`` blocks would be active.
-
-        Complexity: O(k log k) vectorised.
-        """
-        ids = to_block_ids(block_ids, self.num_usable)
-        if ids.size:
-            self._engine.move(ids, to_paused=False)
-
-    def reference_counts(self, block_ids: BlockIdsLike) -> tuple[torch.Tensor, torch.Tensor]:
-        """Active and paused reference counts of ``block_ids`` (fresh int32 tensors).
-
-        For debugging and tests; schedulers should not need it. Complexity: O(k).
-        """
-        ids = to_block_ids(block_ids, self.num_usable)
-        active, paused = self._engine.reference_counts(ids)
-        return torch.from_numpy(active), torch.from_numpy(paused)
-
-    def get_total_used(self) -> int:
-        """Blocks not on the free stack (active + paused + cached). O(1)."""
-        return self.num_usable - int(self._engine.num_free)
-
-    def get_active_used(self) -> int:
-        """Blocks held by at least one running request. O(1)."""
-        return int(self._engine.num_active)
-
-    def get_paused_used(self) -> int:
-        """Blocks held only by paused requests. O(1)."""
-        return int(self._engine.num_paused)
-
-    def get_active_avail(self) -> int:
-        """``active_count`` minus :meth:`get_active_used`. O(1).
-
-        Negative when allocation went past the active budget: allocation is
-        bounded by the whole pool, as in Megatron-core, and the active budget
-        binds :meth:`resume` only.
-        """
-        return self.active_count - int(self._engine.num_active)
-
-    def get_paused_avail(self) -> int:
-        """Blocks that may still take their first paused reference (never negative). O(1).
-
-        The paused budget bounds every block holding a paused reference, also
-        one a running request holds too (it becomes paused-only, and is counted
-        by :meth:`get_paused_used`, when that request releases it), so this is
-        ``paused_count`` minus those blocks: at most ``paused_count -
-        get_paused_used()``, and what :meth:`pause` checks.
-        """
-        return self.paused_count - int(self._engine.num_holding_paused)
-
-    def get_evictable_block_count(self) -> int:
-        """Cached blocks, all of which eviction can reclaim. O(1)."""
-        return int(self._engine.num_cached)
-
-    # ------------------------------------------------------------------ eviction and time
-
-    def advance_clock(self, ticks: int = 1) -> int:
-        """Move the logical clock forward and return it.
-
-        Every hand-out and touch already ticks the clock once, so recency
-        works without calling this; call it to mark coarser boundaries.
-
-        Raises:
-            InvalidArgumentError: ``ticks`` is not an int >= 0, or would take
-                the clock past :data:`MAX_CLOCK` (2**62).
-
-        Complexity: O(1).
-        """
-        ticks = require_int(ticks, "ticks", minimum=0, maximum=MAX_CLOCK - self._engine.clock)
-        return int(self._engine.advance_clock(ticks))
-
-    @property
-    def clock(self) -> int:
-        """The current logical clock value."""
-        return int(self._engine.clock)
-
-    def update_timestamps(self, block_ids: BlockIdsLike) -> None:
-        """Mark blocks as used now, so recency-based policies keep them longer.
-
-        Raises:
-            InvalidTensorError, InvalidBlockIdError: malformed IDs.
-            BlockStateError: a block is free.
-
-        Complexity: O(k) vectorised, plus O(log n) per touched cached leaf.
-        """
-        ids = to_block_ids(block_ids, self.num_usable)
-        if ids.size:
-            self._engine.touch(ids)
-
-    def set_retention_priority(
-        self, block_hashes: Any, priority: int, *, duration: int | None = None
-    ) -> None:
-        """Ask the policy to keep the blocks of ``block_hashes`` longer (or shorter).
-
-        For pinning a system prompt or an agent's paused context. Lower
-        priorities are evicted first; after ``duration`` clock ticks the
-        hashes fall back to the default priority. Hashes need not be
-        registered yet: the priority applies whenever they are cached.
-
-        Raises:
-            ConfigError: the configured policy has no retention priorities.
-            InvalidTensorError, InvalidArgumentError: malformed hashes,
-                priority or duration.
-            Whatever the policy raises; the calls run in one policy
-                transaction, so none of the priorities is kept (a legacy
-                policy without transactions keeps those set before).
-
-        Complexity: O(k) policy calls.
-        """
-        if not has_hook(self.policy, "set_retention"):
-            raise ConfigError(
-                f"policy {type(self.policy).__name__} does not support retention priorities; "
-                "configure one that does (e.g. 'priority')"
-            )
-        hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
-        priority = require_int(priority, "priority")
-        if duration is not None:
-            duration = require_int(duration, "duration", minimum=0, maximum=MAX_CLOCK)
-        expires_at = None if duration is None else self._engine.clock + duration
-        self._engine.set_retention(hashes, priority, expires_at)
-
-    def evict_cached_blocks(self, num_blocks: int) -> int:
-        """Evict up to ``num_blocks`` cached blocks through the policy.
-
-        Returns:
-            How many blocks were freed.
-
-        Complexity: O(log n) per evicted block.
-        """
-        num_freed = self._engine.evict(_check_count(num_blocks))
-        if self._track_changes:
-            self._sync_collaborators()
-        return int(num_freed)
-
-    def evict_lru_blocks(self, num_blocks: int) -> bool:
-        """Megatron-core's name: evict ``num_blocks`` cached blocks, all or none.
-
-        Delegates to the configured policy (LRU by default).
-
-        Returns:
-            True if that many blocks were evicted; False (nothing changes) if
-            fewer are cached.
-        """
-        if _check_count(num_blocks) > self._engine.num_cached:
-            return False
-        self.evict_cached_blocks(num_blocks)
-        return True
 
     def _check_referenced(self, ids: np.ndarray, what: str) -> None:
         active, paused = self._engine.reference_counts(ids)

@@ -192,7 +192,7 @@ def require_flag(
     return bool(value)
 
 
-def _is_number(value: object) -> TypeGuard[int | float | np.integer | np.floating]:
+def is_number(value: object) -> TypeGuard[int | float | np.integer | np.floating]:
     """An int or float (Python's or numpy's), never a bool."""
     return not isinstance(value, (bool, np.bool_)) and isinstance(
         value, (int, float, np.integer, np.floating)
@@ -215,7 +215,7 @@ def require_positive_number(
 
     Complexity: O(1).
     """
-    if _is_number(value) and 0 < float(value) < float("inf"):
+    if is_number(value) and 0 < float(value) < float("inf"):
         return float(value)
     raise error(f"{name} must be a number > 0, got {value!r}")
 
@@ -234,7 +234,7 @@ def require_fraction(
 
     Complexity: O(1).
     """
-    if _is_number(value) and 0 <= float(value) <= 1:
+    if is_number(value) and 0 <= float(value) <= 1:
         return float(value)
     raise error(f"{name} must lie in [0, 1], got {value!r}")
 

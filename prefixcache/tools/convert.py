@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import xxhash
 
-from prefixcache.engine.validation import is_int
+from prefixcache.engine.validation import is_int, is_number
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.reference.trace import TRACE_BLOCK_SIZE
 
@@ -241,9 +241,7 @@ def read_chat_requests(lines: Iterable[str], tokenizer: ChatTokenizer) -> Iterat
 def _request(number: int, tokens: Sequence[int], record: dict[str, Any]) -> TokenRequest:
     """The optional fields of a line, checked."""
     timestamp = record.get("timestamp")
-    if timestamp is not None and (
-        isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or timestamp < 0
-    ):
+    if timestamp is not None and (not is_number(timestamp) or timestamp < 0):
         raise InvalidArgumentError(
             f"line {number}: timestamp must be a number of milliseconds >= 0, got {timestamp!r}"
         )
@@ -253,11 +251,17 @@ def _request(number: int, tokens: Sequence[int], record: dict[str, Any]) -> Toke
             f"line {number}: output_length must be an int >= 0, got {output_length!r}"
         )
     session = next((record[name] for name in SESSION_FIELDS if name in record), None)
-    if session is not None and (isinstance(session, bool) or not isinstance(session, (str, int))):
+    if session is not None and not (isinstance(session, str) or is_int(session)):
         raise InvalidArgumentError(
             f"line {number}: a session id must be a string or an int, got {session!r}"
         )
-    return TokenRequest(number, tokens, timestamp, int(output_length), session)
+    return TokenRequest(
+        number,
+        tokens,
+        None if timestamp is None else float(timestamp),
+        int(output_length),
+        session if session is None or isinstance(session, str) else int(session),
+    )
 
 
 def _is_token(value: object) -> bool:

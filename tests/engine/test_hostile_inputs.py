@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from prefixcache import KVBlockAllocator
-from prefixcache.engine import allocator as allocator_module
+from prefixcache.engine import clock_methods
 from prefixcache.engine.events import wire_hash
 from prefixcache.engine.hashing import compute_block_hashes, root_hash
 from prefixcache.engine.locked import ThreadSafeAllocator
@@ -154,7 +154,7 @@ def test_uint64_hash_arrays_above_int64_are_refused(
 def test_clock_past_its_limit_is_refused_and_a_hit_still_works(
     make: Callable[..., KVBlockAllocator], refuses: Callable[..., PrefixCacheError]
 ) -> None:
-    assert getattr(allocator_module, "MAX_CLOCK", None) == MAX_CLOCK
+    assert getattr(clock_methods, "MAX_CLOCK", None) == MAX_CLOCK
     allocator = make()
     ids = allocator.allocate_memory_blocks(2)
     allocator.register_kv_block_hashes(ids, [11, 12])
