@@ -31,6 +31,7 @@ from hypothesis.stateful import (
 from prefixcache.integrations import vllm as plugin
 from prefixcache.integrations import vllm_queue
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
+from prefixcache.testing.vllm_machine import VllmPoolMachine
 from prefixcache.testing.vllm_pool import admit, chain
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (CI); see the module docstring")
@@ -145,66 +146,19 @@ def test_the_general_plugin_reads_the_environment(monkeypatch: pytest.MonkeyPatc
     assert type(block_pool.BlockPool(4, True, 16).free_block_queue) is plugin.PolicyFreeBlockQueue
 
 
-class RealPoolMachine(RuleBasedStateMachine):
-    """Random requests on vLLM's real ``BlockPool`` with the plugin; vLLM's bookkeeping
-    (free count, reference counts, every cached block findable by its hash), the queue's
-    invariants and the leaf-only law checked after every step."""
+class RealPoolMachine(VllmPoolMachine):
+    """The shared machine (``prefixcache.testing.vllm_machine``) on vLLM's real ``BlockPool``:
+    vLLM's bookkeeping, the queue's invariants and the leaf-only law after every step."""
 
-    @initialize(policy=st.sampled_from(POLICIES), num_blocks=st.integers(4, 14))
-    def start(self, policy: str, num_blocks: int) -> None:
-        plugin.install(policy)
-        self.pool = block_pool.BlockPool(num_blocks, True, 16)
-        self.running: list[list[Any]] = []
+    def make_pool(self, num_blocks: int) -> Any:
+        return block_pool.BlockPool(num_blocks, True, 16)
 
-    @rule(prompt=st.lists(st.integers(0, 3), min_size=1, max_size=5))
-    def admit(self, prompt: list[int]) -> None:
-        hashes = chain(*prompt)
-        if len(hashes) > self.pool.get_num_free_blocks():
-            return
-        children = {p: set(k) for p, k in self.pool.free_block_queue._children.items()}
-        blocks, num_hit = admit(self.pool, hashes)
-        taken: set[int] = set()
-        for block in blocks[num_hit:]:
-            assert children.get(block.block_id, set()) <= taken
-            taken.add(block.block_id)
-        self.running.append(blocks)
-
-    @precondition(lambda self: self.running)
-    @rule(data=st.data(), reverse=st.booleans())
-    def release(self, data: st.DataObject, reverse: bool) -> None:
-        blocks = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
-        self.pool.free_blocks(reversed(blocks) if reverse else blocks)
-
-    @rule(block_id=st.integers(1, 13))
-    def connector_evicts(self, block_id: int) -> None:
-        if block_id < len(self.pool.blocks):
-            self.pool.evict_blocks({block_id})
-
-    @precondition(lambda self: not self.running)
-    @rule()
-    def reset_prefix_cache(self) -> None:
-        assert self.pool.reset_prefix_cache()
-
-    @invariant()
-    def bookkeeping_holds(self) -> None:
-        pool = getattr(self, "pool", None)
-        if pool is None:
-            return
-        queue = pool.free_block_queue
-        queue.check_invariants()
-        free = [b for b in pool.blocks if b.ref_cnt == 0 and not b.is_null]
-        assert pool.get_num_free_blocks() == len(free)
-        assert {id(b) for b in queue.get_all_free_blocks()} == {id(b) for b in free}
-        held = [b for blocks in self.running for b in blocks]
-        for block in pool.blocks:
-            if block.is_null:
-                continue
-            assert block.ref_cnt == sum(1 for h in held if h is block)
-            if block.block_hash is not None:
-                assert pool.cached_block_hash_to_block.contain(block.block_hash, block.block_id)
-
-    def teardown(self) -> None:
-        plugin.uninstall()
+    def check_host(self) -> None:
+        for block in self.pool.blocks:  # every cached block is findable by its hash
+            if not block.is_null and block.block_hash is not None:
+                assert self.pool.cached_block_hash_to_block.contain(
+                    block.block_hash, block.block_id
+                )
 
 
 def test_the_state_machine_on_vllms_block_pool() -> None:

@@ -22,13 +22,7 @@ from typing import Any
 import pytest
 import xxhash
 from hypothesis import settings
-from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
     run_state_machine_as_test,
 )
 
@@ -39,6 +33,7 @@ from prefixcache.integrations import vllm as plugin
 from prefixcache.integrations import vllm_queue
 from prefixcache.integrations.vllm import PolicyFreeBlockQueue, policy_hash
 from prefixcache.integrations.vllm_lru import LeafHeap, LruFreeBlockQueue
+from prefixcache.testing.vllm_machine import MACHINE_POLICIES, VllmPoolMachine
 from prefixcache.testing.vllm_pool import admit, chain, serve
 
 KV_CACHE_UTILS = '''
@@ -895,64 +890,23 @@ def test_the_leaf_heap_is_an_lru_policy() -> None:
 # ---------------------------------------------------------------------- a state machine
 
 
-POLICIES = ["lru", "fifo", "lfu", "slru", "s3fifo", "arc", "protected_lru", "reuse_lru"]
+POLICIES = MACHINE_POLICIES
 
 
-class PoolMachine(RuleBasedStateMachine):
-    """Random requests on a fake vLLM pool with the plugin; vLLM's bookkeeping checked."""
+class PoolMachine(VllmPoolMachine):
+    """The shared machine (``prefixcache.testing.vllm_machine``) on the fake vLLM pool."""
 
-    pool: Any
+    block_pool: Any
 
-    @initialize(policy=st.sampled_from(POLICIES), num_blocks=st.integers(4, 12))
-    def start(self, policy: str, num_blocks: int) -> None:
-        plugin.install(policy)
-        self.pool = self.block_pool.BlockPool(num_blocks)
-        self.running: list[list[Any]] = []
+    def make_pool(self, num_blocks: int) -> Any:
+        return self.block_pool.BlockPool(num_blocks)
 
-    @rule(prompt=st.lists(st.integers(0, 3), min_size=1, max_size=4))
-    def admit(self, prompt: list[int]) -> None:
-        hashes = chain(*prompt)
-        if len(hashes) > self.pool.get_num_free_blocks():
-            return
-        queue = self.pool.free_block_queue
-        children = {parent: set(kids) for parent, kids in queue._children.items()}
-        blocks, num_hit = admit(self.pool, hashes)
-        taken: set[int] = set()
-        for block in blocks[num_hit:]:  # leaf-only: a block goes after its cached children
-            assert children.get(block.block_id, set()) <= taken, (block, children)
-            taken.add(block.block_id)
-        self.running.append(blocks)
-
-    @precondition(lambda self: self.running)
-    @rule(data=st.data(), reverse=st.booleans())
-    def release(self, data: st.DataObject, reverse: bool) -> None:
-        blocks = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
-        self.pool.free_blocks(reversed(blocks) if reverse else blocks)
-
-    @rule(block_id=st.integers(1, 11))
-    def connector_evicts(self, block_id: int) -> None:
-        if block_id < len(self.pool.blocks):
-            self.pool.evict_blocks({block_id})
-
-    @invariant()
-    def bookkeeping_holds(self) -> None:
-        pool = getattr(self, "pool", None)
-        if pool is None:
-            return
-        queue = pool.free_block_queue
-        queue.check_invariants()
-        free = [b for b in pool.blocks if b.ref_cnt == 0 and not b.is_null]
-        assert queue.num_free_blocks == len(free) == pool.get_num_free_blocks()
-        assert {id(b) for b in queue.get_all_free_blocks()} == {id(b) for b in free}
+    def check_host(self) -> None:
+        pool = self.pool
         for key, blocks in pool.cached.items():
             assert all(block.block_hash == key for block in blocks.values())
         for block in pool.blocks:  # every cached block is findable by its hash
             assert block.block_hash is None or block.block_id in pool.cached[block.block_hash]
-        holders = [b for blocks in self.running for b in blocks]
-        assert all(block.ref_cnt > 0 for block in holders)
-
-    def teardown(self) -> None:
-        plugin.uninstall()
 
 
 def test_the_state_machine(block_pool: Any) -> None:
