@@ -12,6 +12,8 @@ leaf-only law) are here. Needs ``hypothesis`` (the ``test`` extra).
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from hypothesis import strategies as st
@@ -26,7 +28,7 @@ from hypothesis.stateful import (
 from prefixcache.integrations import vllm as plugin
 from prefixcache.testing.vllm_pool import admit, chain
 
-__all__ = ["MACHINE_POLICIES", "VllmPoolMachine"]
+__all__ = ["MACHINE_POLICIES", "VllmPoolMachine", "check_pool"]
 
 MACHINE_POLICIES = [
     "lru",
@@ -41,6 +43,21 @@ MACHINE_POLICIES = [
 ]
 """The policies the machine installs (``auto`` learns too slowly to matter in 40 steps;
 ``priority`` without retention hints orders as ``lru``)."""
+
+
+def check_pool(pool: Any, held: Iterable[Any]) -> None:
+    """What every pool with the plugin keeps: the queue's invariants, vLLM's free count and
+    free set the queue's, and each block's ``ref_cnt`` the number of times ``held`` (the
+    running requests' blocks) names it. Raises AssertionError or InvariantError."""
+    queue = pool.free_block_queue
+    queue.check_invariants()
+    free = [b for b in pool.blocks if b.ref_cnt == 0 and not b.is_null]
+    assert queue.num_free_blocks == len(free) == pool.get_num_free_blocks()
+    assert {id(b) for b in queue.get_all_free_blocks()} == {id(b) for b in free}
+    holds = Counter(id(block) for block in held if not block.is_null)
+    for block in pool.blocks:
+        if not block.is_null:
+            assert block.ref_cnt == holds[id(block)], block
 
 
 class VllmPoolMachine(RuleBasedStateMachine):
@@ -98,15 +115,7 @@ class VllmPoolMachine(RuleBasedStateMachine):
         pool = getattr(self, "pool", None)
         if pool is None:
             return
-        queue = pool.free_block_queue
-        queue.check_invariants()
-        free = [b for b in pool.blocks if b.ref_cnt == 0 and not b.is_null]
-        assert queue.num_free_blocks == len(free) == pool.get_num_free_blocks()
-        assert {id(b) for b in queue.get_all_free_blocks()} == {id(b) for b in free}
-        held = [b for blocks in self.running for b in blocks]
-        for block in pool.blocks:
-            if not block.is_null:
-                assert block.ref_cnt == sum(1 for h in held if h is block), block
+        check_pool(pool, [block for blocks in self.running for block in blocks])
         self.check_host()
 
     def teardown(self) -> None:

@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 from prefixcache.integrations import vllm as plugin
 from prefixcache.integrations import vllm_queue
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
-from prefixcache.testing.vllm_machine import VllmPoolMachine
+from prefixcache.testing.vllm_machine import VllmPoolMachine, check_pool
 from prefixcache.testing.vllm_pool import admit, chain
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (CI); see the module docstring")
@@ -268,22 +268,17 @@ class ManagerMachine(RuleBasedStateMachine):
         if pool is None:
             return
         queue = pool.free_block_queue
-        queue.check_invariants()
         leaves = {b for b, where in queue._where.items() if where == vllm_queue._LEAF}
         assert all(block_id in queue.policy for block_id in leaves)
         assert len(queue.policy) == len(leaves)
-        free = [b for b in pool.blocks if b.ref_cnt == 0 and not b.is_null]
-        assert pool.get_num_free_blocks() == len(free) == queue.num_free_blocks
-        held: dict[int, int] = {}
-        for request_id in self.running:
-            for block in self.manager.get_blocks(request_id).blocks[0]:
-                if not block.is_null:
-                    held[block.block_id] = held.get(block.block_id, 0) + 1
+        held = [
+            block
+            for request_id in self.running
+            for block in self.manager.get_blocks(request_id).blocks[0]
+        ]
+        check_pool(pool, held)
         for block in pool.blocks:
-            if block.is_null:
-                continue
-            assert block.ref_cnt == held.get(block.block_id, 0)
-            if block.block_hash is not None:
+            if not block.is_null and block.block_hash is not None:
                 assert pool.cached_block_hash_to_block.contain(block.block_hash, block.block_id)
 
     def teardown(self) -> None:
