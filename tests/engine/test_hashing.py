@@ -13,7 +13,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixcache.engine import hashing
+from prefixcache.engine import token_bytes
 from prefixcache.engine.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
 from prefixcache.errors import InvalidArgumentError, InvalidTensorError
 
@@ -31,7 +31,7 @@ def tokens() -> list[int]:
 def range_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run a test with both int32 range checks: numpy >= 2.4's cast and the fallback."""
     if request.param == "min-max":
-        monkeypatch.setattr(hashing, "_HAS_SAME_VALUE_CAST", False)
+        monkeypatch.setattr(token_bytes, "_HAS_SAME_VALUE_CAST", False)
 
 
 def _packed(block: list[int]) -> bytes:

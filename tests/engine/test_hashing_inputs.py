@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prefixcache import KVBlockAllocator
-from prefixcache.engine import hashing
+from prefixcache.engine import token_bytes
 from prefixcache.engine.hashing import HASH_ALGORITHMS, compute_block_hashes, root_hash
 from prefixcache.errors import InvalidArgumentError, InvalidTensorError
 
@@ -140,7 +140,7 @@ def test_the_same_value_cast_is_detected_from_numpy_2_4() -> None:
     # The detection runs once at import; called again it must agree with the
     # numpy version, or the one-pass range check would be silently skipped.
     major, minor = (int(part) for part in np.__version__.split(".")[:2])
-    assert hashing._numpy_has_same_value_cast() is ((major, minor) >= (2, 4))
+    assert token_bytes._numpy_has_same_value_cast() is ((major, minor) >= (2, 4))
 
 
 def test_a_byte_swapped_token_past_int32_is_refused_not_wrapped() -> None:
