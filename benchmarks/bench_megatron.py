@@ -14,7 +14,7 @@ max microseconds per call after a warm-up, with the machine and versions.
 Megatron's side needs megatron-core 0.19 (see ``../shared/bench/README.md``);
 without it only the drop-in runs. From the repository root::
 
-    PYTHONPATH=. $PEERS_VENV/bin/python benchmarks/bench_megatron.py
+    PYTHONPATH=. $PEERS_VENV/bin/python benchmarks/bench_megatron.py --policies lru,s3fifo,auto
     .venv/bin/python benchmarks/bench_megatron.py --blocks 10000   # drop-in only
 """
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import cpu_model
 
-from prefixcache.integrations.megatron import MegatronKVBlockAllocator
+from prefixcache.integrations.megatron import MegatronKVBlockAllocator, PrefixCachePolicy
 
 
 class Clock:
@@ -81,8 +81,9 @@ def time_evictions(
     return samples
 
 
-def builders(engine: str) -> dict[str, Callable[[int], Any]]:
-    """Allocator factories by row name; Megatron's only when megatron-core imports."""
+def builders(engine: str, policies: list[str]) -> dict[str, Callable[[int], Any]]:
+    """Allocator factories by row name: Megatron's (when megatron-core imports), then the
+    drop-in with each of ``policies``."""
     rows: dict[str, Callable[[int], Any]] = {}
     try:
         from megatron.core.inference.config import PrefixCachingEvictionPolicy
@@ -93,9 +94,12 @@ def builders(engine: str) -> dict[str, Callable[[int], Any]]:
         rows["megatron-core KVBlockAllocator"] = lambda total: KVBlockAllocator(
             Clock(), total, 0, True, PrefixCachingEvictionPolicy.LRU
         )
-    rows[f"prefixcache drop-in (lru, {engine})"] = lambda total: MegatronKVBlockAllocator(
-        Clock(), total, 0, True, "lru", engine=engine
-    )
+    for policy in policies:
+        rows[f"prefixcache drop-in ({policy}, {engine})"] = lambda total, policy=policy: (
+            MegatronKVBlockAllocator(
+                Clock(), total, 0, True, PrefixCachePolicy(policy), engine=engine
+            )
+        )
     return rows
 
 
@@ -107,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--engine", default="auto", choices=["auto", "python", "native"])
+    parser.add_argument(
+        "--policies", default="lru,s3fifo,auto", help="the drop-in's policies, comma-separated"
+    )
     args = parser.parse_args(argv)
     try:
         megatron_version = importlib.metadata.version("megatron-core")
@@ -119,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| allocator | cached blocks | evicted per call | min us | median us | max us |")
     print("|---|---:|---:|---:|---:|---:|")
     for num_blocks in args.blocks:
-        for name, build in builders(args.engine).items():
+        for name, build in builders(args.engine, args.policies.split(",")).items():
             for num_evict in args.evict:
                 allocator = build(num_blocks + 1)
                 next_hash = [1]
