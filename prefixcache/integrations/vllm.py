@@ -170,11 +170,18 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
         if not hasattr(current, _MARK):
             _patch(pool_class, method, wrap(current))
     # One line at start-up says what runs: a user reading vLLM's log sees the policy.
+    if _FACTORY.fast_lru:
+        runs = "inline lru queue"
+    elif _FACTORY.native is not None:
+        runs = "native policy unit"
+    else:
+        runs = "Python policy object"
     _LOG.info(
-        "prefixcache %s: vLLM %s block pools built from now on evict with policy %r",
+        "prefixcache %s: vLLM %s block pools built from now on evict with policy %r (%s)",
         installed_version(),
         getattr(importlib.import_module("vllm"), "__version__", "unknown"),
         name,
+        runs,
     )
 
 

@@ -290,6 +290,7 @@ def test_install_says_what_runs_in_one_log_line(
     lines = [r.getMessage() for r in caplog.records if r.name == "prefixcache.integrations.vllm"]
     assert len(lines) == 1, lines
     assert "vLLM 0.33.0" in lines[0] and "'s3fifo'" in lines[0] and "prefixcache " in lines[0]
+    assert "(Python policy object)" in lines[0]  # the suite runs PREFIXCACHE_ENGINE=python
 
 
 def test_install_is_idempotent_and_the_last_policy_wins(block_pool: Any) -> None:
