@@ -1,0 +1,53 @@
+// The Python Engine object and the helpers its method files share
+// (module_engine.cpp: the type and most methods; module_request.cpp: the fused
+// request path and hash_tokens).
+
+#ifndef PREFIXCACHE_ENGINE_NATIVE_MODULE_ENGINE_H_
+#define PREFIXCACHE_ENGINE_NATIVE_MODULE_ENGINE_H_
+
+#include <new>
+#include <vector>
+
+#include "binding.h"
+
+namespace prefixcache {
+
+struct EngineObject {
+  PyObject_HEAD
+  Engine* engine;
+  std::vector<int32_t>* ids;       // parsed block IDs
+  std::vector<int64_t>* hashes;    // parsed or computed hashes
+  std::vector<int32_t>* tokens;    // tokens narrowed to int32
+  int64_t block_size;
+  uint64_t root;
+  bool busy;  // a call is running (CallGuard)
+};
+
+#define GUARD(...)                                             \
+  try {                                                        \
+    __VA_ARGS__                                                \
+  } catch (const EngineError& error) {                         \
+    return native_raise(error.kind, error.message);            \
+  } catch (const std::bad_alloc&) {                            \
+    return PyErr_NoMemory();                                   \
+  }
+
+#define FASTCALL(name)                                                                  \
+  PyObject* name(PyObject* py_self, PyObject* const* args, Py_ssize_t nargs,            \
+                 PyObject* kwnames)
+
+inline EngineObject* self_of(PyObject* py_self) { return reinterpret_cast<EngineObject*>(py_self); }
+
+inline bool ready(EngineObject* self) {
+  if (self->engine) return true;
+  PyErr_SetString(PyExc_RuntimeError, "native Engine not initialised");
+  return false;
+}
+
+// The fused request path (module_request.cpp).
+FASTCALL(engine_admit_request);
+FASTCALL(engine_hash_tokens);
+
+}  // namespace prefixcache
+
+#endif  // PREFIXCACHE_ENGINE_NATIVE_MODULE_ENGINE_H_
