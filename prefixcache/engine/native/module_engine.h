@@ -6,6 +6,7 @@
 #define PREFIXCACHE_ENGINE_NATIVE_MODULE_ENGINE_H_
 
 #include <new>
+#include <string>
 #include <vector>
 
 #include "binding.h"
@@ -43,6 +44,31 @@ inline bool ready(EngineObject* self) {
   PyErr_SetString(PyExc_RuntimeError, "native Engine not initialised");
   return false;
 }
+
+inline bool parse_one_id(EngineObject* self, PyObject* arg, int32_t* out) {
+  if (PyBool_Check(arg) || !PyLong_Check(arg)) {
+    native_raise(ErrorKind::kInvalidArgument, "block_id must be an int");
+    return false;
+  }
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(arg, &overflow);
+  if (overflow || value < 0 || value >= self->engine->num_usable()) {
+    native_raise(ErrorKind::kInvalidBlockId, "block_id outside [0, " +
+                                                 std::to_string(self->engine->num_usable()) + ")");
+    return false;
+  }
+  *out = static_cast<int32_t>(value);
+  return true;
+}
+
+// Prefix reuse (module_prefix.cpp).
+PyObject* engine_lookup(PyObject* py_self, PyObject* arg);
+FASTCALL(engine_take_hit);
+PyObject* engine_acquire(PyObject* py_self, PyObject* arg);
+FASTCALL(engine_register);
+PyObject* engine_block_of(PyObject* py_self, PyObject* arg);
+PyObject* engine_hash_of(PyObject* py_self, PyObject* arg);
+PyObject* engine_registered_chains(PyObject* py_self, PyObject*);
 
 // The fused request path (module_request.cpp).
 FASTCALL(engine_admit_request);
