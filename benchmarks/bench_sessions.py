@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from bench_native import splitmix64  # the spec's generator, beside this file
+from peerbench.workloads import splitmix64  # the spec's generator, beside this file
 
 from prefixcache import KVBlockAllocator
 

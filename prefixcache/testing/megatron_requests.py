@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["add_request"]
+__all__ = ["add_request", "admit"]
 
 
 def add_request(allocator: Any, hashes: list[int]) -> torch.Tensor | None:
@@ -21,6 +21,14 @@ def add_request(allocator: Any, hashes: list[int]) -> torch.Tensor | None:
 
     ``allocator`` is Megatron's ``KVBlockAllocator`` or the drop-in; its
     ``context`` needs ``prefix_cache_lru_clock``.
+    """
+    return admit(allocator, hashes)[0]
+
+
+def admit(allocator: Any, hashes: list[int]) -> tuple[torch.Tensor | None, int]:
+    """:func:`add_request`'s block IDs, and how many of them came from the cache.
+
+    The peer benchmark (``benchmarks/bench_peers.py``) reads the count for its hit rate.
     """
     matched = []
     for block_hash in hashes:
@@ -35,8 +43,8 @@ def add_request(allocator: Any, hashes: list[int]) -> torch.Tensor | None:
     if new is None:
         if matched:
             allocator.block_ref_counts[pinned] -= 1
-        return None
+        return None, 0
     parents = [hashes[k - 1] if k else 0 for k in range(len(matched), len(hashes))]
     allocator.register_kv_block_hashes(new.tolist(), hashes[len(matched) :], parents)
     allocator.context.prefix_cache_lru_clock += 1
-    return torch.cat([pinned, new])
+    return torch.cat([pinned, new]), len(matched)
