@@ -11,7 +11,7 @@ same experiment outside vLLM. Columns: ``vLLM`` (no plugin), then each policy in
 with :func:`prefixcache.integrations.vllm.install`; each cell is the block hit rate, and
 the last column the plugin's hit rate minus prefixcache's own for that policy.
 
-Traces: the three seeded families of :mod:`prefixcache.tools.workloads` and the shipped
+Traces: three of the five seeded families of :mod:`prefixcache.tools.workloads` and the shipped
 Mooncake sample. Times: microseconds per request (min/median/max over ``--repeats``, the
 first a warm-up) for vLLM without the plugin and with each of ``--time-policies`` (default
 ``lru``, ``auto``, ``s3fifo``); a policy with a native unit is timed twice, as the plugin

@@ -2,7 +2,7 @@
 
 Run it from the repository root::
 
-    python examples/serve_tiny_model.py                    # about 30 s on 2 CPU cores
+    python examples/serve_tiny_model.py                    # about 23 s of CPU, 30 s wall, 2 cores
     python examples/serve_tiny_model.py --device cuda      # when a GPU is present
     python examples/serve_tiny_model.py --family multi_turn_chats --policies lru,arc,fifo
 

@@ -18,7 +18,8 @@ Hierarchy::
     ├── CapacityError               not enough room
     │   └── BudgetExceededError     the active or paused budget would overflow
     ├── InvariantError              internal corruption found by check_invariants()
-    └── ReentrantCallError          a call began while another on the same object ran
+    ├── ReentrantCallError          a call began while another on the same object ran
+    └── EngineMismatchError         one engine's internals asked of the other (an AttributeError)
 """
 
 from __future__ import annotations
@@ -76,4 +77,14 @@ class ReentrantCallError(PrefixCacheError, RuntimeError):
     back into the same object, the outer call would go on with buffers and state the
     inner call changed. The native engine refuses the inner call instead, before it
     changes anything, and the outer call finishes as if it had not happened.
+    """
+
+
+class EngineMismatchError(PrefixCacheError, AttributeError):
+    """An attribute that only one engine has was asked of an allocator running the other.
+
+    ``allocator.pool`` and ``allocator.registry`` are the Python engine's internals;
+    the native engine keeps its state in C++ and has neither. Also an
+    ``AttributeError``, so ``hasattr`` and ``getattr(..., default)`` answer as for
+    any missing attribute.
     """

@@ -42,6 +42,7 @@ from prefixcache.engine.validation import require_flag, require_int
 from prefixcache.errors import (
     BlockStateError,
     ConfigError,
+    EngineMismatchError,
     InvalidArgumentError,
     InvariantError,
 )
@@ -170,13 +171,34 @@ class KVBlockAllocator(
 
     @property
     def pool(self) -> BlockPool:
-        """The Python engine's free-stack pool, a host structure (tests and debugging)."""
-        return self._engine.pool  # type: ignore[attr-defined,no-any-return]
+        """The Python engine's free-stack pool, a host structure (tests and debugging).
+
+        Raises:
+            EngineMismatchError: the allocator runs the native engine, which has no
+                Python pool (``engine="python"`` gives one).
+        """
+        pool: BlockPool = self._python_engine_part("pool")
+        return pool
 
     @property
     def registry(self) -> HashRegistry:
-        """The Python engine's hash registry (read-only use: tests and debugging)."""
-        return self._engine.registry  # type: ignore[attr-defined,no-any-return]
+        """The Python engine's hash registry (read-only use: tests and debugging).
+
+        Raises:
+            EngineMismatchError: the allocator runs the native engine, which has no
+                Python registry (``engine="python"`` gives one).
+        """
+        registry: HashRegistry = self._python_engine_part("registry")
+        return registry
+
+    def _python_engine_part(self, name: str) -> Any:
+        part = getattr(self._engine, name, None)
+        if part is None:
+            raise EngineMismatchError(
+                f"allocator.{name} is the Python engine's; this allocator runs the "
+                f"{self._engine.name} engine (KVBlockAllocator(engine='python') has one)"
+            )
+        return part
 
     def _sync_collaborators(self) -> None:
         """Give the collaborators what the engine freed and deregistered in the last call."""

@@ -7,7 +7,7 @@ from prefixcache.policies import LRUPolicy
 
 from prefixcache import KVBlockAllocator
 from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
-from prefixcache.errors import ConfigError
+from prefixcache.errors import ConfigError, EngineMismatchError, PrefixCacheError
 
 pytestmark = pytest.mark.skipif(
     not native_available(), reason="the native engine (prefixcache.engine._native) is not built"
@@ -117,3 +117,18 @@ def test_asking_for_python_is_not_a_fallback(
     assert by_environment.engine_reason == "PREFIXCACHE_ENGINE=python asks for it"
     assert by_config.engine_reason == "engine='python' asks for it"
     assert caplog.records == []
+
+
+@pytest.mark.parametrize("name", ["pool", "registry"])
+def test_the_python_engines_internals_are_refused_by_name_on_the_native_engine(
+    name: str,
+) -> None:
+    native = KVBlockAllocator(total_count=8, device="cpu", engine="native")
+    with pytest.raises(
+        EngineMismatchError, match=rf"allocator\.{name} is the Python engine's.*native"
+    ):
+        getattr(native, name)
+    assert issubclass(EngineMismatchError, PrefixCacheError)
+    assert not hasattr(native, name)  # still an AttributeError for hasattr and getattr
+    python = KVBlockAllocator(total_count=8, device="cpu", engine="python")
+    assert getattr(python, name) is getattr(python._engine, name)
