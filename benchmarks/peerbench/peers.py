@@ -15,9 +15,11 @@ prefixcache's adapter is :class:`peer_adapter.PrefixCacheAdapter` (``benchmarks/
 peer_adapter.py``), the one the shared harness runs. The peers here call each library's
 own classes in the order its serving engine does; the request steps reuse the test kit
 (:mod:`prefixcache.testing.vllm_pool`, :mod:`prefixcache.testing.megatron_requests`),
-which the integration tests already hold to those engines' behaviour. A library that does
-not import raises :class:`NotInstalled` from :func:`load`, and the table says
-``n/a (not installed)``: nothing stands in for it.
+which the integration tests already hold to those engines' behaviour; SGLang's Rust radix
+tree is in :mod:`peerbench.sglang_rust`. A library that does not import raises
+:class:`NotInstalled` from :func:`load`, and the table says ``n/a (not installed)``: nothing
+stands in for it. A workload a library has no API for raises :class:`NoMapping` from its
+``*_init`` (the table says ``n/a`` and why).
 """
 
 from __future__ import annotations
@@ -39,14 +41,14 @@ class NoMapping(Exception):
     """The library imports, but this benchmark has no mapping of the workload onto it."""
 
 
-def _version(distribution: str) -> str:
+def version_of(distribution: str) -> str:
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "?"
 
 
-def _require(module: str) -> Any:
+def require_module(module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as error:  # the library, or something its import chain needs
@@ -67,15 +69,15 @@ class VllmPeer:
     name = "vllm"
 
     def __init__(self) -> None:
-        self._pool_module = _require("vllm.v1.core.block_pool")
-        self._utils = _require("vllm.v1.core.kv_cache_utils")
-        self._sha256 = _require("vllm.utils.hashing").sha256
-        self._serve = _require("prefixcache.testing.vllm_pool").serve
+        self._pool_module = require_module("vllm.v1.core.block_pool")
+        self._utils = require_module("vllm.v1.core.kv_cache_utils")
+        self._sha256 = require_module("vllm.utils.hashing").sha256
+        self._serve = require_module("prefixcache.testing.vllm_pool").serve
         self.hash_s = 0.0
 
     def version(self) -> str:
         """vLLM's installed version."""
-        return _version("vllm")
+        return version_of("vllm")
 
     def churn_init(self, pool_blocks: int, block_size: int) -> None:
         """A fresh pool without prefix caching (its null block is the reserved one)."""
@@ -147,20 +149,20 @@ class MegatronPeer:
     name = "megatron"
 
     def __init__(self) -> None:
-        self._allocator_class = _require(
+        self._allocator_class = require_module(
             "megatron.core.inference.contexts.kv_block_allocator"
         ).KVBlockAllocator
-        self._lru = _require("megatron.core.inference.config").PrefixCachingEvictionPolicy.LRU
-        self._hash = _require(
+        self._lru = require_module("megatron.core.inference.config").PrefixCachingEvictionPolicy.LRU
+        self._hash = require_module(
             "megatron.core.inference.inference_request"
         ).compute_block_hashes_batched
-        self._admit = _require("prefixcache.testing.megatron_requests").admit
-        self._torch = _require("torch")
+        self._admit = require_module("prefixcache.testing.megatron_requests").admit
+        self._torch = require_module("torch")
         self.hash_s = 0.0
 
     def version(self) -> str:
         """megatron-core's installed version."""
-        return _version("megatron-core")
+        return version_of("megatron-core")
 
     def churn_init(self, pool_blocks: int, block_size: int) -> None:
         """A fresh allocator with prefix caching off (its dummy block is the reserved one)."""
@@ -197,14 +199,13 @@ class MegatronPeer:
 
 
 def _prefixcache() -> Any:
-    return _require("peer_adapter").PrefixCacheAdapter()
+    return require_module("peer_adapter").PrefixCacheAdapter()
 
 
 def _sglang_rust() -> Any:
-    _require("sglang.srt.mem_cache.rust_tree_core.extension")
-    raise NoMapping(
-        "SGLang's Rust radix tree imports, but this benchmark does not map W1-W3 onto it yet"
-    )
+    from peerbench.sglang_rust import SglangRustPeer  # imports SGLang only when asked
+
+    return SglangRustPeer()
 
 
 _FACTORIES: dict[str, Callable[[], Any]] = {

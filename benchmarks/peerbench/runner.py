@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from peerbench.peers import NoMapping
 from peerbench.workloads import BLOCK_SIZE, ChurnTrace
 
 
@@ -142,6 +143,10 @@ def measure(
                     continue
                 try:
                     _run_once(adapter, workload, prepared, record)
+                except NoMapping as error:  # the library has no API for this workload
+                    record.status = f"n/a ({error})"
+                    record.rates.clear()
+                    continue
                 except Exception as error:  # reported in the table, not hidden
                     record.status = f"error: {type(error).__name__}: {error}"
                     record.rates.clear()
