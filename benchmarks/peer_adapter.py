@@ -17,7 +17,8 @@ prefixcache is not installed in that environment. Build the extension first,
 
 The class follows the harness's duck-typed ``Adapter`` interface (see the
 ``Adapter`` docstring and ``RefPyAdapter`` in ``run_peers.py``); it does not
-import the harness, so it also loads on its own (for profiling, see
+import the harness, so it also loads on its own: ``benchmarks/bench_peers.py``, the
+repository's own peer benchmark, times prefixcache through it (and profiling, see
 ``benchmarks/README.md``). ``PrefixCacheAdapter`` runs whichever engine the
 allocator picks (the native one when it is built; ``PREFIXCACHE_ENGINE``
 overrides); ``PrefixCacheComposedAdapter`` runs W2/W3 through the separate

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-PEERS = ("prefixcache", "vllm", "megatron", "sglang-rust")
+PEERS = ("prefixcache", "vllm", "megatron", "megatron-dropin", "sglang-rust")
 
 
 class NotInstalled(Exception):
@@ -198,6 +198,28 @@ class MegatronPeer:
         return num_hit
 
 
+class MegatronDropInPeer(MegatronPeer):
+    """Megatron's calls, in Megatron's order, on prefixcache's drop-in allocator.
+
+    :class:`prefixcache.integrations.megatron.MegatronKVBlockAllocator` in place of
+    ``KVBlockAllocator`` (what ``install()`` does): what a Megatron user gets, and
+    how it compares with Megatron's own allocator in the same run.
+    """
+
+    name = "megatron-dropin"
+
+    def __init__(self) -> None:
+        super().__init__()
+        megatron = require_module("prefixcache.integrations.megatron")
+        megatron.check_version()
+        self._allocator_class = megatron.MegatronKVBlockAllocator
+
+    def version(self) -> str:
+        """megatron-core's version, then the drop-in's prefixcache version."""
+        prefixcache = require_module("prefixcache")
+        return f"{super().version()} + prefixcache {prefixcache.__version__}"
+
+
 def _prefixcache() -> Any:
     return require_module("peer_adapter").PrefixCacheAdapter()
 
@@ -212,6 +234,7 @@ _FACTORIES: dict[str, Callable[[], Any]] = {
     "prefixcache": _prefixcache,
     "vllm": VllmPeer,
     "megatron": MegatronPeer,
+    "megatron-dropin": MegatronDropInPeer,
     "sglang-rust": _sglang_rust,
 }
 

@@ -57,7 +57,7 @@ class SglangRustPeer:
 
     def churn_init(self, pool_blocks: int, block_size: int) -> None:
         """W1 is not mapped: the tree core has no allocator."""
-        raise NoMapping("the Rust tree core has no allocator (W1 is SGLang's allocator alone)")
+        raise NoMapping("no allocator in the tree core; W1 would time SGLang's allocator alone")
 
     def prefix_init(self, pool_blocks: int, block_size: int) -> None:
         """A fresh tree and a fresh allocator of ``pool_blocks - 1`` pages of ``block_size``."""
