@@ -91,6 +91,7 @@ class SglangRustPeer:
             ),
             [FULL],
         )
+        self._root = self._tree.empty_match_result().last_device_node_id  # fixed per tree
 
     @staticmethod
     def prepare(tokens: list[int]) -> array:
@@ -103,8 +104,7 @@ class SglangRustPeer:
         match = tree.match_prefix(bindings.MatchParamsBinding(key=key[: len(key) - 1]))
         hit_tokens = match.device_prefix_len
         node = match.last_device_node_id
-        root = tree.empty_match_result().last_device_node_id
-        prefix = tree.collect_full_device_indices(node, root)
+        prefix = tree.collect_full_device_indices(node, self._root)
         lock = tree.inc_lock_ref(node, [])
         need = len(key) - hit_tokens
         if allocator.available_size() < need:
