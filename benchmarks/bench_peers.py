@@ -90,6 +90,14 @@ def _names(text: str, known: tuple[str, ...]) -> list[str]:
     return names
 
 
+def _peer_names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or not all(peers.is_known(name) for name in names):
+        known = ", ".join((*peers.PEERS, "prefixcache-<policy>"))
+        raise argparse.ArgumentTypeError(f"choose from {known}; got {text!r}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the options, check the vectors or run the benchmark; the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -111,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--peers",
-        type=lambda t: _names(t, peers.PEERS),
+        type=_peer_names,
         default=list(peers.PEERS),
-        help=f"libraries, comma-separated (default: {','.join(peers.PEERS)})",
+        help=f"libraries, comma-separated (default: {','.join(peers.PEERS)}); "
+        "prefixcache-<policy> adds prefixcache with that eviction policy (W2/W3)",
     )
     parser.add_argument(
         "--check",

@@ -239,11 +239,25 @@ _FACTORIES: dict[str, Callable[[], Any]] = {
 }
 
 
+POLICY_PREFIX = "prefixcache-"  # prefixcache-<policy>: W2/W3 with that eviction policy
+
+
+def is_known(name: str) -> bool:
+    """Whether :func:`load` knows ``name``: one of :data:`PEERS`, or ``prefixcache-<policy>``."""
+    return name in _FACTORIES or (name.startswith(POLICY_PREFIX) and len(name) > len(POLICY_PREFIX))
+
+
 def load(name: str) -> Any:
-    """The adapter for library ``name`` (one of :data:`PEERS`).
+    """The adapter for library ``name`` (one of :data:`PEERS`, or ``prefixcache-<policy>``).
+
+    ``prefixcache-<policy>`` is ``peer_adapter.PrefixCacheAdapter_<policy>``: prefixcache
+    with that eviction policy on W2/W3 (W1 has no prefix caching, so no policy).
 
     Raises:
         NotInstalled: the library does not import here.
         NoMapping: it imports, but the workloads have no mapping onto it.
     """
+    if name.startswith(POLICY_PREFIX):
+        policy = name[len(POLICY_PREFIX) :]
+        return getattr(require_module("peer_adapter"), f"PrefixCacheAdapter_{policy}")()
     return _FACTORIES[name]()
