@@ -587,11 +587,13 @@ class HostileMachine(RuleBasedStateMachine):
             "snapshot",
             "take_events",
             "check_invariants",
+            "device_free_ids",
         ):
             self.call(name)
-        self.called.update({"clock", "engine"})
+        self.called.update({"clock", "engine", "engine_reason"})
         assert self.target.clock == self.allocator.clock
         assert self.target.engine == self.engine
+        assert self.target.engine_reason == self.allocator.engine_reason
 
     @rule()
     def reset(self) -> None:
