@@ -21,10 +21,11 @@ from prefixcache.engine.core import EngineCore
 from prefixcache.engine.defragment_methods import DefragmentMethods
 from prefixcache.engine.device_mirror import DeviceMirrorMethods, FreeIdsMirror
 from prefixcache.engine.events import KVEventLog
+from prefixcache.engine.introspection_methods import IntrospectionMethods
 from prefixcache.engine.kv_event_methods import KVEventMethods
 from prefixcache.engine.moe_routing import MoERoutingMethods
 from prefixcache.engine.partition_methods import PartitionMethods
-from prefixcache.engine.pool import BlockPool, resolve_device
+from prefixcache.engine.pool import resolve_device
 from prefixcache.engine.prefix_hashing import (
     PrefixHashingMethods,
     max_hash_of,
@@ -32,19 +33,15 @@ from prefixcache.engine.prefix_hashing import (
     to_hash_list,
 )
 from prefixcache.engine.registration import new_runs
-from prefixcache.engine.registry import HashRegistry
 from prefixcache.engine.request_path import RequestPathMethods
 from prefixcache.engine.routing import RoutingStore
 from prefixcache.engine.selection import build_engine
 from prefixcache.engine.sessions import SessionMethods
-from prefixcache.engine.stats import AllocatorStats
 from prefixcache.engine.validation import require_flag, require_int
 from prefixcache.errors import (
     BlockStateError,
     ConfigError,
-    EngineMismatchError,
     InvalidArgumentError,
-    InvariantError,
 )
 from prefixcache.policies import EvictionPolicy
 
@@ -61,6 +58,7 @@ class KVBlockAllocator(
     ClockMethods,
     SessionMethods,
     DeviceMirrorMethods,
+    IntrospectionMethods,
 ):
     """Hands out KV-cache block IDs, counts references, and shares cached prefixes.
 
@@ -154,51 +152,6 @@ class KVBlockAllocator(
         self._num_preempted_queried_tokens = 0  # vLLM's preempted_queries, in tokens
         self._num_preempted_hit_tokens = 0  # vLLM's preempted_hits, in tokens
         self._bind_request_path()
-
-    @property
-    def engine(self) -> str:
-        """Which engine runs this allocator, ``"python"`` or ``"native"`` (why: engine_reason)."""
-        return self._engine.name
-
-    @property
-    def engine_reason(self) -> str:
-        """Why :attr:`engine` runs this allocator, in one sentence.
-
-        When ``engine="auto"`` had to run the Python engine, this says what the
-        native one lacks for this configuration (also logged once per reason).
-        """
-        return self._engine_reason
-
-    @property
-    def pool(self) -> BlockPool:
-        """The Python engine's free-stack pool, a host structure (tests and debugging).
-
-        Raises:
-            EngineMismatchError: the allocator runs the native engine, which has no
-                Python pool (``engine="python"`` gives one).
-        """
-        pool: BlockPool = self._python_engine_part("pool")
-        return pool
-
-    @property
-    def registry(self) -> HashRegistry:
-        """The Python engine's hash registry (read-only use: tests and debugging).
-
-        Raises:
-            EngineMismatchError: the allocator runs the native engine, which has no
-                Python registry (``engine="python"`` gives one).
-        """
-        registry: HashRegistry = self._python_engine_part("registry")
-        return registry
-
-    def _python_engine_part(self, name: str) -> Any:
-        part = getattr(self._engine, name, None)
-        if part is None:
-            raise EngineMismatchError(
-                f"allocator.{name} is the Python engine's; this allocator runs the "
-                f"{self._engine.name} engine (KVBlockAllocator(engine='python') has one)"
-            )
-        return part
 
     def _sync_collaborators(self) -> None:
         """Give the collaborators what the engine freed and deregistered in the last call."""
@@ -492,40 +445,6 @@ class KVBlockAllocator(
         if self.events is not None:
             self.events.record_cleared()
 
-    def stats(self) -> AllocatorStats:
-        """A snapshot of counts per state and cumulative events, all plain ints.
-
-        O(1), but for ``largest_free_run`` (the fragmentation figure): O(num_usable).
-
-        Whatever integer type an engine keeps, the snapshot holds Python
-        ``int``s, so ``json.dumps(stats.as_dict())`` always works.
-        """
-        engine = self._engine
-        counters = engine.counters()
-        return AllocatorStats(
-            total_count=self.total_count,
-            num_usable=self.num_usable,
-            num_free=int(engine.num_free),
-            num_active=int(engine.num_active),
-            num_paused=int(engine.num_paused),
-            num_cached=int(engine.num_cached),
-            num_registered=int(engine.num_registered),
-            num_allocated_blocks=int(counters.num_allocated_blocks),
-            num_released_references=int(counters.num_released_references),
-            num_queried_blocks=int(counters.num_queried_blocks),
-            num_hit_blocks=int(counters.num_hit_blocks),
-            num_evicted_blocks=int(counters.num_evicted_blocks),
-            num_dropped_blocks=int(counters.num_dropped_blocks),
-            num_rejected_hits=self._num_rejected,
-            num_dropped_events=0 if self.events is None else self.events.num_dropped,
-            clock=int(counters.clock),
-            num_queried_tokens=self._num_queried_tokens,
-            num_hit_tokens=self._num_hit_tokens,
-            largest_free_run=self.largest_free_run(),
-            num_preempted_queried_tokens=self._num_preempted_queried_tokens,
-            num_preempted_hit_tokens=self._num_preempted_hit_tokens,
-        )
-
     def __str__(self) -> str:
         engine = self._engine
         return (
@@ -539,12 +458,3 @@ class KVBlockAllocator(
         return (
             f"KVBlockAllocator(total_count={self.total_count}, policy={type(self.policy).__name__})"
         )
-
-    def check_invariants(self) -> None:
-        """Check every invariant of DESIGN.md; raise InvariantError naming the first broken one.
-
-        Meant for tests and debugging. Complexity: O(total_count).
-        """
-        problems = self._engine.find_problems()
-        if problems:
-            raise InvariantError("; ".join(problems[:5]))
