@@ -12,17 +12,18 @@ from prefixcache.engine.invariants import find_invariant_problems
 from prefixcache.engine.journal import PolicyJournal
 from prefixcache.engine.partitions import PartitionLedger
 from prefixcache.engine.pool import BlockPool
+from prefixcache.engine.python_eviction import PythonEvictionSteps
 from prefixcache.engine.references import ReferenceTable, check_headroom, count_occurrences
 from prefixcache.engine.registration import Registrar
 from prefixcache.engine.registry import ROOT, HashRegistry
 from prefixcache.engine.types import NO_HASH
 from prefixcache.errors import BlockStateError
-from prefixcache.policies import EvictionPolicy, is_transactional
+from prefixcache.policies import EvictionPolicy
 
 _EMPTY_FREED = np.empty(0, dtype=np.int32)
 
 
-class PythonEngine:
+class PythonEngine(PythonEvictionSteps):
     """Block state in numpy arrays and Python collaborators; drives any eviction policy.
 
     The readable reference of :class:`~prefixcache.engine.core.EngineCore`
@@ -410,94 +411,6 @@ class PythonEngine:
         refs.paused[unique] = after_paused
         ledger.num_active, ledger.num_paused = total_active, total_paused
         ledger.num_holding_paused = total_holding
-
-    def touch(self, block_ids: np.ndarray) -> None:
-        ids = block_ids
-        unreferenced = self.refs.is_unreferenced(ids)
-        free = unreferenced & ~self.registry.is_registered[ids]
-        if free.any():
-            raise BlockStateError(
-                f"block {int(ids[free][0])} is free; it has no timestamp to update"
-            )
-        now = self._clock + 1
-        if self.retains_unreferenced:
-            leaves = np.unique(ids[unreferenced & (self.registry.num_children[ids] == 0)])
-            journal = self._journal()
-            try:
-                for block_id in leaves.tolist():
-                    journal.touch(block_id, now)
-            except BaseException:
-                journal.rollback()
-                raise
-            journal.commit()
-        self._clock = now
-        self.refs.last_access[ids] = now
-
-    def evict(self, num_blocks: int) -> int:
-        num_blocks = min(num_blocks, self.ledger.num_cached)
-        if not num_blocks:
-            return 0
-        journal = self._journal()
-        try:
-            freed, dropped = self.planner.plan(num_blocks, journal)
-            self.pool.release(np.asarray(freed, dtype=np.int32))
-        except BaseException:
-            journal.rollback()
-            raise
-        journal.commit()
-        self._commit_eviction(freed, dropped)
-        if self._track_changes:
-            self._freed.append(np.asarray(freed, dtype=np.int32))
-        return len(freed)
-
-    def set_retention(self, block_hashes: list[int], priority: int, expires_at: int | None) -> None:
-        # One policy transaction: a policy that raises midway keeps none of the priorities.
-        policy = self.policy
-        transactional = is_transactional(policy)
-        if transactional:
-            policy.begin()
-        try:
-            for block_hash in block_hashes:
-                policy.set_retention(block_hash, priority, expires_at)
-        except BaseException:
-            if transactional:
-                policy.abort()
-            raise
-        if transactional:
-            policy.commit()
-
-    def _allocate_evicting(self, num_blocks: int, shortfall: int) -> np.ndarray:
-        """Evict ``shortfall`` cached blocks and hand them out with every free block.
-
-        The evicted blocks go straight to the caller, in the order that
-        pushing them on the free stack and popping ``num_blocks`` would give,
-        so the stack ends exactly as if they had passed through it.
-        """
-        journal = self._journal()
-        try:
-            freed, dropped = self.planner.plan(shortfall, journal)
-            if isinstance(self.pool, SortedFreeList):  # through the list: it picks the order
-                self.pool.release(np.asarray(freed, dtype=np.int32))
-                block_ids = self.pool.acquire(num_blocks)
-            else:
-                block_ids = np.concatenate(
-                    (
-                        np.asarray(freed[::-1], dtype=np.int32),
-                        self.pool.acquire(num_blocks - shortfall),
-                    )
-                )
-        except BaseException:
-            journal.rollback()
-            raise
-        journal.commit()
-        self._commit_eviction(freed, dropped)
-        return block_ids
-
-    def _commit_eviction(self, freed: list[int], dropped: list[int]) -> None:
-        """Apply a plan whose policy and pool calls succeeded: deregister and count."""
-        self._record_removed(self.registry.deregister_leaves(dropped))
-        self.ledger.num_cached -= len(freed)
-        self._num_evicted += len(freed)
 
     def reference_counts(self, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.refs.active[block_ids], self.refs.paused[block_ids]
