@@ -96,6 +96,9 @@ class NativeEngine:
     """
 
     name = "native"
+    fused = True
+    """Whether the facade may bind :attr:`core`'s fused calls (chains of xxh3_64 from the
+    root, computed natively): false under other hashes (:mod:`~prefixcache.engine.wide_keys`)."""
 
     def __init__(
         self,

@@ -77,7 +77,8 @@ class RequestPathMethods:
     def _bind_request_path(self) -> None:
         """Bind the native fused calls when no collaborator needs to see the request."""
         allocator = cast("FacadeView", self)
-        core = getattr(allocator._engine, "core", None)
+        engine = allocator._engine
+        core = engine.core if getattr(engine, "fused", False) else None  # type: ignore[attr-defined]
         if core is None or allocator._track_changes:
             return
         self.allocate_block_ids = core.allocate  # type: ignore[method-assign]

@@ -18,6 +18,7 @@ from prefixcache.engine.native_engine import (
     warn_if_unavailable,
 )
 from prefixcache.engine.python_engine import PythonEngine
+from prefixcache.engine.wide_keys import WideKeyEngine
 from prefixcache.errors import ConfigError
 from prefixcache.policies import (
     ARCPolicy,
@@ -117,12 +118,14 @@ def native_unsupported_reason(config: AllocatorConfig, policy: EvictionPolicy) -
     if not native_available():
         return f"the extension is not built ({native_unavailable_reason()})"
     if native_policy(config, policy) is None:
+        spec = config.eviction_policy
+        # A policy object by its class: one reason (and one log line) for all its instances.
+        by_class = f"a {type(spec).__name__} object"
+        named = repr(spec) if isinstance(spec, (str, Mapping)) else by_class
         return (
             f"it runs the policies {', '.join(NATIVE_POLICIES)} given by name (with numeric "
-            f"options), not {config.eviction_policy!r}"
+            f"options), not {named}"
         )
-    if config.hash_algo != "xxh3_64":
-        return "it keeps 64-bit hashes: hash_algo must be 'xxh3_64'"
     if config.total_count > 2**31 - 1:
         return "block IDs must fit in int32"
     return None
@@ -164,7 +167,9 @@ def build_engine(
     named = native_policy(config, policy)
     if reason is None and named is not None:
         salt_keys = [] if config.hash_salt is None else [config.hash_salt]
-        engine = NativeEngine(
+        # Other hashes than the native chain's (wider, or a custom function) get keys.
+        engine_class = NativeEngine if config.hash_algo == "xxh3_64" else WideKeyEngine
+        engine = engine_class(
             config.total_count,
             config.paused_count,
             named[0],

@@ -127,10 +127,11 @@ class Session:
         self._num_held = 0  # blocks the running turn references (0: idle)
         self._key: tuple[int, int, int] | None = None  # structure key at the last release
         self._refused = False  # a registration of this turn was refused (hash held elsewhere)
-        core = getattr(host._engine, "core", None)  # the native engine's extension object
-        # Its hash_tokens is the facade's chain (xxh3_64, the engine's root is the facade's,
-        # salt included; the native engine runs only so), in one C call instead of a
-        # Python loop over the blocks.
+        # The native engine's extension object when its chains are the facade's (xxh3_64
+        # from the facade's root, salt included; ``fused``): its hash_tokens is then one C
+        # call instead of a Python loop over the blocks.
+        engine = host._engine
+        core = engine.core if getattr(engine, "fused", False) else None  # type: ignore[attr-defined]
         self._hash: Any = core.hash_tokens if core is not None else self._facade_hash
 
     # ------------------------------------------------------------------ reading

@@ -47,7 +47,6 @@ def test_every_built_in_but_auto_and_belady_is_native() -> None:
     [
         ({"eviction_policy": "auto"}, "runs the policies"),
         ({"eviction_policy": {"name": "lru", "unused": 1}}, "unexpected keyword argument"),
-        ({"hash_algo": "sha256"}, "64-bit hashes"),
     ],
 )
 def test_native_refuses_what_it_cannot_run(config: dict[str, object], reason: str) -> None:
@@ -94,14 +93,14 @@ def test_a_fallback_says_why_and_is_logged_once_per_reason(
     monkeypatch.delenv("PREFIXCACHE_ENGINE", raising=False)
     monkeypatch.setattr(selection, "_logged_reasons", set())
     with caplog.at_level("WARNING", logger="prefixcache.engine.selection"):
-        first = KVBlockAllocator(total_count=8, device="cpu", hash_algo="sha256")
-        KVBlockAllocator(total_count=8, device="cpu", hash_algo="sha256")
+        first = KVBlockAllocator(total_count=8, device="cpu", eviction_policy="auto")
+        KVBlockAllocator(total_count=8, device="cpu", eviction_policy="auto")
         other = KVBlockAllocator(total_count=8, device="cpu", eviction_policy=LRUPolicy())
-    assert first.engine == "python" and "64-bit hashes" in first.engine_reason
-    assert other.engine == "python" and "runs the policies" in other.engine_reason
+    assert first.engine == "python" and "not 'auto'" in first.engine_reason
+    assert other.engine == "python" and "LRUPolicy" in other.engine_reason
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == 2, messages
-    assert "64-bit hashes" in messages[0] and "runs the policies" in messages[1]
+    assert "not 'auto'" in messages[0] and "LRUPolicy" in messages[1]
 
 
 def test_asking_for_python_is_not_a_fallback(
@@ -132,3 +131,23 @@ def test_the_python_engines_internals_are_refused_by_name_on_the_native_engine(
     assert not hasattr(native, name)  # still an AttributeError for hasattr and getattr
     python = KVBlockAllocator(total_count=8, device="cpu", engine="python")
     assert getattr(python, name) is getattr(python._engine, name)
+
+
+@pytest.mark.parametrize("hash_algo", ["xxh3_128", "sha256"])
+def test_wide_hashes_run_the_native_engine(hash_algo: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25 item 4: the keyed-hash deployments keep the native engine (wide_keys.py)."""
+    monkeypatch.delenv("PREFIXCACHE_ENGINE", raising=False)
+    allocator = KVBlockAllocator(
+        total_count=16, block_size_tokens=4, device="cpu", hash_algo=hash_algo
+    )
+    assert allocator.engine == "native"
+    chain = allocator.hash_tokens(list(range(12)))
+    assert max(chain) > 2**63, "the wide hashes themselves cross the facade"
+    ids = allocator.allocate_memory_blocks(3)
+    assert allocator.register_kv_block_hashes(ids, chain).tolist() == [True] * 3
+    allocator.release_memory_blocks(ids)
+    assert allocator.match_prefix(chain, acquire=False).tolist() == ids.tolist()
+    assert allocator._engine.hash_of(int(ids[2])) == chain[2]
+    assert allocator.evict_cached_blocks(3) == 3
+    assert allocator._engine._key_of == {}, "a removed hash keeps no key"
+    allocator.check_invariants()
