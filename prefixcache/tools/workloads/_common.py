@@ -9,7 +9,7 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 
-from prefixcache.engine.validation import require_int
+from prefixcache.engine.validation import is_number, require_int
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest
 
@@ -57,9 +57,9 @@ def _blocks(fresh: Iterator[int], num_blocks: int) -> list[int]:
 
 
 def _check_sigma(**values: float) -> None:
-    """Refuse a negative (or NaN) log-normal spread."""
+    """Refuse a log-normal spread that is not a number >= 0 (NaN included)."""
     for name, value in values.items():
-        if not value >= 0:
+        if not (is_number(value) and value >= 0):
             raise InvalidArgumentError(f"{name} must be >= 0, got {value!r}")
 
 
