@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     num_requests = QUICK_REQUESTS if args.quick else args.requests
     names = [name for name in args.policies.split(",") if name != OPTIMUM_POLICY]
-    lines = ["### Train/test split, every policy against the optimum", "", *header(argv)]
+    lines = ["## Train/test split: every policy against the optimum", "", *header(argv)]
     start = time.perf_counter()
     for side, pairs in (("train", split.TRAIN), ("test", split.TEST)):
         runs: dict[tuple[str, int | None], Rates] = {}
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             tables += trace_table(_title(family, seed, requests), sizes, runs[family, seed], names)
             elapsed = time.perf_counter() - start
             print(f"{side} {family} {seed}: {elapsed:.0f} s", file=sys.stderr, flush=True)
-        lines += [f"#### Summary, {side} side ({len(pairs)} traces x 3 capacities)", ""]
+        lines += [f"### {side.capitalize()} side: summary ({len(pairs)} traces x 3 capacities)", ""]
         lines += summary(runs, names) + tables
     lines.append(f"Run time: {time.perf_counter() - start:.0f} s.")
     text = "\n".join(lines)
