@@ -14,6 +14,10 @@ GENERATORS = [
     workloads.documents_with_hot_prefixes,
     workloads.agent_tool_loops,
     workloads.document_qa,
+    workloads.long_agent_sessions,
+    workloads.heavy_tailed_chats,
+    workloads.multi_tenant_mix,
+    workloads.scan_pollution,
 ]
 
 

@@ -17,6 +17,20 @@ requests share exactly the prefixes the family describes.
   shared agent system prompts; some steps retry from an earlier step.
 - :func:`document_qa`: questions, and follow-ups, over a few long shared
   documents of Zipf popularity.
+- :func:`long_agent_sessions`: agentic sessions of 50 to 200 calls, tool
+  loops between the user's turns, growing contexts, log-normal gaps,
+  session ends.
+- :func:`heavy_tailed_chats`: chats with log-normal think times, a share of
+  them abandoned after a turn or two and never resumed.
+- :func:`multi_tenant_mix`: tenants of different shapes and rates, each
+  behind its own system prompt, interleaved on one cache.
+- :func:`scan_pollution`: a steady hot working set hit by bursts of one-off
+  long scans.
+
+Families that keep a clock per session (the log-normal ones) are not Poisson
+streams: their requests come in the order the sessions' clocks put them.
+:mod:`~prefixcache.tools.workloads.split` names which (family, seed) traces
+are for tuning policies and which for reporting on them.
 
 :func:`write_mooncake_trace` writes a trace as JSONL, so ``prefixcache
 compare --trace`` can replay it.
@@ -31,7 +45,11 @@ from __future__ import annotations
 from prefixcache.tools.workloads.agent_loops import agent_tool_loops
 from prefixcache.tools.workloads.chats import multi_turn_chats
 from prefixcache.tools.workloads.document_qa import document_qa
+from prefixcache.tools.workloads.heavy_tailed_chats import heavy_tailed_chats
 from prefixcache.tools.workloads.hot_prefixes import documents_with_hot_prefixes
+from prefixcache.tools.workloads.long_agents import long_agent_sessions
+from prefixcache.tools.workloads.multi_tenant import multi_tenant_mix
+from prefixcache.tools.workloads.scan_pollution import scan_pollution
 from prefixcache.tools.workloads.system_prompts import shared_system_prompts
 from prefixcache.tools.workloads.writer import write_mooncake_trace
 
@@ -39,7 +57,11 @@ __all__ = [
     "agent_tool_loops",
     "document_qa",
     "documents_with_hot_prefixes",
+    "heavy_tailed_chats",
+    "long_agent_sessions",
+    "multi_tenant_mix",
     "multi_turn_chats",
+    "scan_pollution",
     "shared_system_prompts",
     "write_mooncake_trace",
 ]

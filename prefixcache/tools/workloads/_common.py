@@ -5,10 +5,11 @@ Kept apart so each family's module holds only its own generator.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Sequence
 
-from prefixcache.engine.validation import require_int
+from prefixcache.engine.validation import is_number, require_int
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest
 
@@ -53,3 +54,30 @@ def _check_document_range(min_document_blocks: int, max_document_blocks: int) ->
 def _blocks(fresh: Iterator[int], num_blocks: int) -> list[int]:
     """``num_blocks`` hash IDs never used before (the next ones of ``fresh``)."""
     return [next(fresh) for _ in range(num_blocks)]
+
+
+def _check_sigma(**values: float) -> None:
+    """Refuse a log-normal spread that is not a number >= 0 (NaN included)."""
+    for name, value in values.items():
+        if not (is_number(value) and value >= 0):
+            raise InvalidArgumentError(f"{name} must be >= 0, got {value!r}")
+
+
+def _lognormal_ms(rng: random.Random, median_ms: int, sigma: float) -> float:
+    """A heavy-tailed gap in milliseconds: log-normal with median ``median_ms``.
+
+    The shape measured for the time between a session's turns (most gaps
+    short, a few very long); ``sigma`` 0 gives exactly ``median_ms``.
+    """
+    return rng.lognormvariate(math.log(median_ms), sigma)
+
+
+def _by_time(rng: random.Random, events: list[tuple[float, list[int]]]) -> list[TraceRequest]:
+    """Requests from ``(time in ms, hash IDs)`` events, in time order, the first at 0.
+
+    For the families whose sessions keep their own clocks (log-normal gaps)
+    instead of one Poisson stream; each request is drawn by :func:`_request`.
+    """
+    events.sort(key=lambda event: event[0])
+    start = events[0][0] if events else 0.0
+    return [_request(rng, int(time - start), hash_ids) for time, hash_ids in events]
