@@ -3,50 +3,15 @@
 from __future__ import annotations
 
 import heapq
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from prefixcache.policies.base import EvictionPolicy
+from prefixcache.policies.hazard_learning import NUM_CLASSES, HazardLearning, Stay, class_of
 from prefixcache.policies.linked_map import LinkedMap
 
-_BINS_PER_OCTAVE = 4  # age histogram resolution: bins grow by 2 ** (1 / 4)
-_NUM_AGE_BINS = 128  # covers idle ages up to 2 ** 32 clock ticks
-_NUM_USE_BUCKETS = 4  # hand-outs 1, 2, 3-4, 5 and more
-_NUM_DEPTH_BUCKETS = 8  # depth 0, 1, 2-3, 4-7, ..., 64 and more
 
-
-def _age_bin(age: float) -> int:
-    return min(int(math.log2(age + 1.0) * _BINS_PER_OCTAVE), _NUM_AGE_BINS - 1)
-
-
-def _class_of(num_uses: int, depth: int) -> int:
-    use_bucket = min((max(num_uses, 1) - 1).bit_length(), _NUM_USE_BUCKETS - 1)
-    return use_bucket * _NUM_DEPTH_BUCKETS + min(depth.bit_length(), _NUM_DEPTH_BUCKETS - 1)
-
-
-@dataclass(slots=True)
-class _Stay:
-    """One block's stay under one hash; kept while the block is out of the policy for a hit.
-
-    Attributes:
-        block_hash: the hash the block holds during this stay.
-        num_accesses: the allocator's hand-out count last seen, to count new hits.
-        num_uses: hand-outs of this hash, earlier stays (remembered by hash) included.
-        depth: position of the block in its chain.
-        last_access: clock of its last use.
-        klass: its class, from ``num_uses`` and ``depth``.
-    """
-
-    block_hash: int
-    num_accesses: int
-    num_uses: int
-    depth: int
-    last_access: int
-    klass: int
-
-
-class HazardPolicy(EvictionPolicy):
+class HazardPolicy(HazardLearning, EvictionPolicy):
     """Evicts the leaf least likely to be reused within the next cache lifetime.
 
     Blocks fall into classes by how often their prefix was used (1, 2, 3-4,
@@ -123,7 +88,6 @@ class HazardPolicy(EvictionPolicy):
     hash. Memory: O(pool size + history_capacity). Not thread-safe.
     """
 
-    _REFRESH_EVENTS = 256
     # Set by clear(), which __init__ calls.
     _heaps: list[list[tuple[int, int, int]]]
     _now: int
@@ -160,80 +124,6 @@ class HazardPolicy(EvictionPolicy):
         self._smoothing = float(age_smoothing)
         self.clear()
 
-    # -- learning -----------------------------------------------------------------
-
-    def _enter(self, klass: int, learned: list[Any] | None) -> None:
-        """Count a block entering ``klass``; note the old count in ``learned`` (bin -1)."""
-        if learned is not None:
-            learned.append((klass, -1, self._entered[klass]))
-        self._entered[klass] += 1.0
-        self._tick(learned)
-
-    def _record_reuse(self, klass: int, age: int, learned: list[Any] | None) -> None:
-        """Count a reuse at ``age``; note the old count in ``learned``."""
-        reuses, age_bin = self._reuses[klass], _age_bin(max(age, 0))
-        if learned is not None:
-            learned.append((klass, age_bin, reuses[age_bin]))
-        reuses[age_bin] += 1.0
-
-    def _tick(self, learned: list[Any] | None) -> None:
-        """Count an event; every ``_REFRESH_EVENTS``, refresh, noting the tables in ``learned``.
-
-        ``learned`` is None outside a transaction: nothing is noted.
-        """
-        self._events += 1
-        if self._events % self._REFRESH_EVENTS == 0:
-            if learned is not None:
-                learned.append(
-                    (
-                        self._entered[:],
-                        [reuses[:] for reuses in self._reuses],
-                        [cumulative[:] for cumulative in self._cumulative],
-                        self._pooled,
-                    )
-                )
-            self._refresh()
-
-    def _unlearn(self, learned: list[Any], events: int) -> None:
-        """Put back the counts and tables a call changed, as noted in ``learned``."""
-        for note in reversed(learned):
-            if len(note) == 4:
-                self._entered, self._reuses, self._cumulative, self._pooled = note
-                continue
-            klass, age_bin, count = note
-            if age_bin < 0:
-                self._entered[klass] = count
-            else:
-                self._reuses[klass][age_bin] = count
-        self._events = events
-
-    def _refresh(self) -> None:
-        """Decay the counts and rebuild the cumulative reuse tables. O(C x bins)."""
-        total_entered = 0.0
-        pooled = [0.0] * (_NUM_AGE_BINS + 1)
-        for klass, reuses in enumerate(self._reuses):
-            self._entered[klass] *= self._decay
-            total_entered += self._entered[klass]
-            running = 0.0
-            cumulative = self._cumulative[klass]
-            for age_bin in range(_NUM_AGE_BINS):
-                reuses[age_bin] *= self._decay
-                running += reuses[age_bin]
-                cumulative[age_bin + 1] = running
-                pooled[age_bin + 1] += running
-        scale = 1.0 / total_entered if total_entered > 0 else 0.0
-        self._pooled = [value * scale for value in pooled]
-
-    def _score(self, klass: int, age: int) -> float:
-        low = _age_bin(age)
-        high = _age_bin(age + self._window * self._lifetime) + 1
-        cumulative, pooled, weight = self._cumulative[klass], self._pooled, self._prior_weight
-        reused_in_window = (
-            cumulative[high] - cumulative[low] + weight * (pooled[high] - pooled[low])
-        )
-        survivors = self._entered[klass] - cumulative[low] + weight * (1.0 - pooled[low])
-        return reused_in_window / survivors if survivors > 0 else 0.0
-
     # -- protocol -----------------------------------------------------------------
 
     def insert(
@@ -255,7 +145,7 @@ class HazardPolicy(EvictionPolicy):
                 self._record_reuse(stay.klass, last_access - stay.last_access, learned)
                 stay.num_uses += new_uses
                 stay.num_accesses = num_accesses
-                stay.klass = _class_of(stay.num_uses, depth)
+                stay.klass = class_of(stay.num_uses, depth)
                 self._enter(stay.klass, learned)
             stay.last_access = last_access
         else:
@@ -269,8 +159,8 @@ class HazardPolicy(EvictionPolicy):
                 earlier_uses, earlier_access, earlier_class = ghost[2]
                 self._record_reuse(earlier_class, last_access - earlier_access, learned)
                 num_uses += earlier_uses
-            klass = _class_of(num_uses, depth)
-            stay = _Stay(block_hash, num_accesses, num_uses, depth, last_access, klass)
+            klass = class_of(num_uses, depth)
+            stay = Stay(block_hash, num_accesses, num_uses, depth, last_access, klass)
             self._stays[block_id] = stay
             self._enter(klass, learned)
         self._push(block_id, stay)
@@ -280,7 +170,7 @@ class HazardPolicy(EvictionPolicy):
     def _uninsert(
         self,
         block_id: int,
-        stay: _Stay | None,
+        stay: Stay | None,
         now: int,
         events: int,
         learned: list[Any],
@@ -342,7 +232,7 @@ class HazardPolicy(EvictionPolicy):
         self._unlearn(learned, self._events)
         self._history.relink(block_hash, ghost)
 
-    def _push(self, block_id: int, stay: _Stay) -> None:
+    def _push(self, block_id: int, stay: Stay) -> None:
         key = (stay.last_access, -stay.depth, block_id)
         self._tracked[block_id] = key
         heapq.heappush(self._heaps[stay.klass], key)
@@ -391,12 +281,12 @@ class HazardPolicy(EvictionPolicy):
         self._record_reuse(stay.klass, now - stay.last_access, learned)
         stay.num_uses += 1
         stay.last_access = now
-        stay.klass = _class_of(stay.num_uses, stay.depth)
+        stay.klass = class_of(stay.num_uses, stay.depth)
         self._enter(stay.klass, learned)
         self._push(block_id, stay)
 
     def _untouch(
-        self, block_id: int, stay: _Stay, now: int, events: int, learned: list[Any]
+        self, block_id: int, stay: Stay, now: int, events: int, learned: list[Any]
     ) -> None:
         del self._tracked[block_id]
         self._stays[block_id] = stay
@@ -462,7 +352,7 @@ class HazardPolicy(EvictionPolicy):
     def _unevict(
         self,
         block_id: int,
-        stay: _Stay,
+        stay: Stay,
         lifetime: float,
         events: int,
         learned: list[Any],
@@ -484,23 +374,16 @@ class HazardPolicy(EvictionPolicy):
 
     def clear(self) -> None:
         """Forget every tracked leaf, stay, history and statistic. Complexity: O(n)."""
-        num_classes = _NUM_USE_BUCKETS * _NUM_DEPTH_BUCKETS
-        self._heaps = [[] for _ in range(num_classes)]
+        self._heaps = [[] for _ in range(NUM_CLASSES)]
         self._tracked: dict[int, tuple[int, int, int]] = {}  # block ID -> live heap key
         self._num_keys = 0  # heap entries, stale ones included
-        self._stays: dict[int, _Stay] = {}  # block ID -> stay, tracked or out for a hit
+        self._stays: dict[int, Stay] = {}  # block ID -> stay, tracked or out for a hit
         # Evicted hash -> (uses, last access, class) of its last stay, oldest first.
         self._history: LinkedMap[tuple[int, int, int]] = LinkedMap()
         # Hash registered again after eviction -> uses of its earlier stays, until its
         # block is inserted; oldest first.
         self._returned: LinkedMap[int] = LinkedMap()
-        self._entered = [0.0] * num_classes  # blocks that entered each class (decayed)
-        self._reuses = [[0.0] * _NUM_AGE_BINS for _ in range(num_classes)]  # by age bin
-        # Refreshed tables: _cumulative[c][b] = reuses of class c at age bins < b.
-        self._cumulative = [[0.0] * (_NUM_AGE_BINS + 1) for _ in range(num_classes)]
-        self._pooled = [0.0] * (_NUM_AGE_BINS + 1)  # the same, all classes, per entered block
-        self._events = 0
-        self._lifetime = 0.0  # running mean idle age of victims: the window W
+        self._clear_learning()
         self._now = 0
         self._txn_undo = None
 
