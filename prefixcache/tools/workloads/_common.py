@@ -5,9 +5,10 @@ Kept apart so each family's module holds only its own generator.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prefixcache.engine.validation import is_number, require_int
 from prefixcache.errors import InvalidArgumentError
@@ -81,3 +82,29 @@ def _by_time(rng: random.Random, events: list[tuple[float, list[int]]]) -> list[
     events.sort(key=lambda event: event[0])
     start = events[0][0] if events else 0.0
     return [_request(rng, int(time - start), hash_ids) for time, hash_ids in events]
+
+
+def _slot_turns(
+    num_slots: int,
+    num_events: int,
+    first_gap: Callable[[], float],
+    turn: Callable[[int], tuple[list[int], float]],
+) -> list[tuple[float, list[int]]]:
+    """``(time in ms, hash IDs)`` events of sessions that each keep their own clock.
+
+    Each of ``num_slots`` slots holds one session at a time. Slot ``s`` first
+    fires after ``first_gap()``; each time it fires, ``turn(s)`` gives the
+    prompt it sends and the gap to its next turn (the slot's session state
+    lives with the caller). The earliest slot fires next; ``first_gap`` is
+    called for every slot, in slot order, before any turn, so a family's
+    random draws keep their order.
+    """
+    clock = [(first_gap(), slot) for slot in range(num_slots)]
+    heapq.heapify(clock)
+    events: list[tuple[float, list[int]]] = []
+    while len(events) < num_events:
+        now, slot = heapq.heappop(clock)
+        prompt, gap = turn(slot)
+        events.append((now, prompt))
+        heapq.heappush(clock, (now + gap, slot))
+    return events

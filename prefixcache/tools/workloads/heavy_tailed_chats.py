@@ -6,7 +6,6 @@ One family a module, so each generator reads on its own.
 
 from __future__ import annotations
 
-import heapq
 import random
 from itertools import count
 
@@ -18,6 +17,7 @@ from prefixcache.tools.workloads._common import (
     _check_positive,
     _check_sigma,
     _lognormal_ms,
+    _slot_turns,
 )
 
 
@@ -94,19 +94,17 @@ def heavy_tailed_chats(
         return _blocks(fresh, rng.randint(1, first_turn_blocks)), turns
 
     chats = [open_chat() for _ in range(num_conversations)]
-    clock = [
-        (_lognormal_ms(rng, median_think_ms, think_sigma), slot)
-        for slot in range(num_conversations)
-    ]
-    heapq.heapify(clock)
-    events: list[tuple[float, list[int]]] = []
-    while len(events) < num_requests:
-        now, slot = heapq.heappop(clock)
+
+    def think() -> float:
+        return _lognormal_ms(rng, median_think_ms, think_sigma)
+
+    def turn(slot: int) -> tuple[list[int], float]:
         prompt, turns_left = chats[slot]
-        events.append((now, prompt))
         if turns_left <= 1:
             chats[slot] = open_chat()
         else:
             chats[slot] = (prompt + _blocks(fresh, rng.randint(1, max_turn_blocks)), turns_left - 1)
-        heapq.heappush(clock, (now + _lognormal_ms(rng, median_think_ms, think_sigma), slot))
+        return prompt, think()
+
+    events = _slot_turns(num_conversations, num_requests, think, turn)
     return _by_time(rng, events)

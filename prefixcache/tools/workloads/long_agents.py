@@ -6,7 +6,6 @@ One family a module, so each generator reads on its own.
 
 from __future__ import annotations
 
-import heapq
 import random
 from itertools import count
 
@@ -19,6 +18,7 @@ from prefixcache.tools.workloads._common import (
     _check_positive,
     _check_sigma,
     _lognormal_ms,
+    _slot_turns,
     _zipf_weights,
 )
 
@@ -104,16 +104,10 @@ def long_agent_sessions(
         return prompt, rng.randint(min_turns, max_turns)
 
     sessions = [new_session() for _ in range(num_sessions)]
-    clock = [
-        (_lognormal_ms(rng, median_user_gap_ms, gap_sigma), slot) for slot in range(num_sessions)
-    ]
-    heapq.heapify(clock)
-    events: list[tuple[float, list[int]]] = []
-    while len(events) < num_requests:
-        now, slot = heapq.heappop(clock)
+
+    def turn(slot: int) -> tuple[list[int], float]:
         prompt, calls_left = sessions[slot]
         prompt = prompt + _blocks(fresh, rng.randint(1, max_step_blocks))
-        events.append((now, prompt))
         if calls_left <= 1:
             sessions[slot] = new_session()
             median = median_user_gap_ms
@@ -121,5 +115,10 @@ def long_agent_sessions(
             sessions[slot] = (prompt, calls_left - 1)
             is_user = rng.random() < user_turn_fraction
             median = median_user_gap_ms if is_user else median_tool_gap_ms
-        heapq.heappush(clock, (now + _lognormal_ms(rng, median, gap_sigma), slot))
+        return prompt, _lognormal_ms(rng, median, gap_sigma)
+
+    def first_gap() -> float:
+        return _lognormal_ms(rng, median_user_gap_ms, gap_sigma)
+
+    events = _slot_turns(num_sessions, num_requests, first_gap, turn)
     return _by_time(rng, events)
