@@ -7,8 +7,12 @@ limit), run two ways on one allocator per run:
 - ``requests``: each turn as the harness runs a library without a multi-turn entry
   point: ``admit_request(prompt)`` then ``admit_request(prompt + response)``, each
   released (the whole context hashed and matched twice per turn);
-- ``sessions``: one :class:`~prefixcache.engine.sessions.Session` per conversation:
-  ``admit(new tokens)``, ``append(response)``, ``release()``.
+- ``sessions``: one session per conversation (``allocator.open_session()``: on the
+  native engine the extension's, one native call a step): ``admit(new tokens)``,
+  ``append(response)``, ``release()``;
+- ``py-sessions`` (native engine only): the same through the Python reference
+  :class:`~prefixcache.engine.sessions.Session` (what ``sessions`` ran before the
+  native one: a dozen engine calls a step composed in Python).
 
 Variants: ``w4`` (the spec: 8 sessions to 128k tokens, a pool that never fills),
 ``pressure`` (the same turns in a pool of a quarter of the blocks they need, so
@@ -27,11 +31,13 @@ import argparse
 import gc
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from peerbench.workloads import splitmix64  # the spec's generator, beside this file
 
 from prefixcache import KVBlockAllocator
+from prefixcache.engine.sessions import Session
 
 BLOCK = 16
 BUCKETS = [
@@ -98,16 +104,20 @@ def run_requests(allocator: KVBlockAllocator, turns: list[Turn]) -> tuple[list[f
     return seconds, hits
 
 
-def run_sessions(allocator: KVBlockAllocator, turns: list[Turn]) -> tuple[list[float], int]:
-    """Each conversation through one session; seconds per turn, hits."""
-    sessions = {}
+def run_sessions(
+    allocator: KVBlockAllocator, turns: list[Turn], reference: bool = False
+) -> tuple[list[float], int]:
+    """Each conversation through one session (``reference``: the Python one); seconds per
+    turn, hits."""
+    sessions: dict[int, Any] = {}
     seconds, hits = [], 0
     clock = time.perf_counter
     for turn in turns:
         session = sessions.get(turn.session)
         start = clock()
         if session is None:
-            session = sessions[turn.session] = allocator.open_session()
+            host: Any = allocator
+            session = sessions[turn.session] = Session(host) if reference else host.open_session()
         num_hit = session.admit(turn.user)
         session.append(turn.response)
         session.release()
@@ -159,7 +169,13 @@ def main() -> None:
         blocks = sum(-(-n // BLOCK) for n in lengths)
         print(f"\n{name}: {sessions} session(s), {len(turns)} turns, pool {pool} blocks")
         results = {}
-        for way, run in (("requests", run_requests), ("sessions", run_sessions)):
+        ways = [("requests", run_requests), ("sessions", run_sessions)]
+        if (
+            KVBlockAllocator(total_count=2, block_size_tokens=BLOCK, device="cpu").engine
+            == "native"
+        ):
+            ways.append(("py-sessions", lambda a, t: run_sessions(a, t, reference=True)))
+        for way, run in ways:
             runs = []
             for _ in range(args.repeats):
                 allocator = KVBlockAllocator(
@@ -179,11 +195,12 @@ def main() -> None:
                 f"  {way:9} us/turn: {cells}  growth {growth:5.1f}x  "
                 f"hit rate {hits / blocks:.4f}  ({allocator.engine} engine)"
             )
-        ratio = "  ".join(
-            f"{k} {results['sessions'][k] / results['requests'][k]:.2f}"
-            for k in results["sessions"]
-        )
-        print(f"  sessions / requests: {ratio}")
+        for way in results:
+            if way != "requests":
+                ratio = "  ".join(
+                    f"{k} {results[way][k] / results['requests'][k]:.2f}" for k in results[way]
+                )
+                print(f"  {way} / requests: {ratio}")
 
 
 if __name__ == "__main__":

@@ -93,9 +93,9 @@ class SessionMethods:
         See :class:`Session`. Where ``admit_request`` is the native engine's fused
         call (no events, routing or verification watch, prefix caching on, the
         facade's own chains), the handle is the extension's ``Session``: each step
-        one native call composing the same engine calls. The session calls this allocator directly: with
-        :class:`~prefixcache.engine.locked.ThreadSafeAllocator`, open it on ``shared.allocator``
-        and hold ``shared.lock`` around each of its calls.
+        one native call composing the same engine calls. The session calls this
+        allocator directly: with :class:`~prefixcache.engine.locked.ThreadSafeAllocator`,
+        open it on ``shared.allocator`` and hold ``shared.lock`` around each of its calls.
 
         Raises:
             ConfigError: ``verify_prefix_hits`` is on (a session does not chain

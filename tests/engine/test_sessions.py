@@ -31,6 +31,7 @@ from prefixcache import (
     InvalidArgumentError,
     KVBlockAllocator,
     PrefixCacheError,
+    ReentrantCallError,
 )
 from prefixcache.engine.locked import ThreadSafeAllocator
 from prefixcache.engine.native_engine import native_available
@@ -344,3 +345,39 @@ def test_without_prefix_caching_every_turn_starts_afresh(engine: str) -> None:
         twin.release()
         assert state_digest(ours) == state_digest(theirs)
         ours.check_invariants()
+
+
+@pytest.mark.skipif(not native_available(), reason="the native engine is not built")
+@pytest.mark.parametrize("swallow", [False, True])
+def test_a_native_step_refuses_reentry(swallow: bool) -> None:
+    """Reading the tokens may run Python code (a tensor's numpy()); a call back into the
+    engine from there is refused. Raised on, the step fails with it and changes nothing;
+    swallowed, the step runs as if the call back never happened."""
+    ours, theirs = build("native", total=32), build("native", total=32)
+    session, twin = open_session(ours, "native"), open_session(theirs, "native")
+    refusals: list[ReentrantCallError] = []
+
+    class CallsBack:
+        def numpy(self) -> np.ndarray:
+            try:
+                session.release()  # into the engine while append reads these tokens
+            except ReentrantCallError as error:
+                refusals.append(error)
+                if not swallow:
+                    raise
+            return np.arange(4, dtype=np.int32)
+
+    session.admit([1, 2, 3])
+    twin.admit([1, 2, 3])
+    if swallow:
+        session.append(CallsBack())
+        twin.append(np.arange(4, dtype=np.int32))
+    else:
+        with pytest.raises(ReentrantCallError):
+            session.append(CallsBack())
+    assert len(refusals) == 1 and session.running
+    assert state_digest(ours) == state_digest(theirs)
+    assert (session.block_ids.tolist(), session.num_tokens) == (
+        twin.block_ids.tolist(),
+        twin.num_tokens,
+    )
