@@ -23,6 +23,7 @@ ratio per bucket; every number is from this run on this machine (compare ratios)
 
     python benchmarks/bench_sessions.py                 # all variants, ~1 min
     python benchmarks/bench_sessions.py --variants w4 --scale 0.25 --repeats 1
+    python benchmarks/bench_sessions.py --steps   # each step's cost by context, ~10 s
 """
 
 from __future__ import annotations
@@ -153,12 +154,50 @@ VARIANTS = {
 }
 
 
+def run_steps() -> None:
+    """Each step of a turn (200 new tokens, 100 decoded) by context length: the minimum of
+    40 turns (the least disturbed by other load), the session object and the reference."""
+    draw = np.random.default_rng(0)
+    user = draw.integers(0, 50_000, 200, dtype=np.int32)
+    response = draw.integers(0, 50_000, 100, dtype=np.int32)
+    print("\nsteps: min us over 40 turns of 200 new tokens and 100 decoded")
+    for context in (1_024, 32_768, 131_072, 1_048_576):
+        for reference in (False, True):
+            allocator: Any = KVBlockAllocator(
+                total_count=context // BLOCK + 4_096, block_size_tokens=BLOCK, device="cpu"
+            )
+            session = Session(allocator) if reference else allocator.open_session()
+            session.admit(draw.integers(0, 50_000, context, dtype=np.int32))
+            session.release()
+            best = [float("inf")] * 4
+            clock = time.perf_counter
+            for _ in range(40):
+                t0 = clock()
+                session.admit(user)
+                t1 = clock()
+                session.append(response)
+                t2 = clock()
+                session.release()
+                t3 = clock()
+                for i, value in enumerate((t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
+                    best[i] = min(best[i], 1e6 * value)
+            name = "Session (Python)" if isinstance(session, Session) else "native Session"
+            print(
+                f"  context from {context:>9,} {name:18} admit {best[0]:7.1f}  "
+                f"append {best[1]:5.1f}  release {best[2]:7.1f}  turn {best[3]:7.1f}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default="w4,pressure,1m")
     parser.add_argument("--scale", type=float, default=0.25, help="sessions x scale (>= 1)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is shown")
+    parser.add_argument("--steps", action="store_true", help="only each step's cost")
     args = parser.parse_args()
+    if args.steps:
+        run_steps()
+        return
     for name in args.variants.split(","):
         num_sessions, limit, share = VARIANTS[name]
         sessions = max(1, round(num_sessions * args.scale)) if name != "1m" else 1
