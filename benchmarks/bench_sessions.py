@@ -7,8 +7,12 @@ limit), run two ways on one allocator per run:
 - ``requests``: each turn as the harness runs a library without a multi-turn entry
   point: ``admit_request(prompt)`` then ``admit_request(prompt + response)``, each
   released (the whole context hashed and matched twice per turn);
-- ``sessions``: one :class:`~prefixcache.engine.sessions.Session` per conversation:
-  ``admit(new tokens)``, ``append(response)``, ``release()``.
+- ``sessions``: one session per conversation (``allocator.open_session()``: on the
+  native engine the extension's, one native call a step): ``admit(new tokens)``,
+  ``append(response)``, ``release()``;
+- ``py-sessions`` (native engine only): the same through the Python reference
+  :class:`~prefixcache.engine.sessions.Session` (what ``sessions`` ran before the
+  native one: a dozen engine calls a step composed in Python).
 
 Variants: ``w4`` (the spec: 8 sessions to 128k tokens, a pool that never fills),
 ``pressure`` (the same turns in a pool of a quarter of the blocks they need, so
@@ -19,6 +23,7 @@ ratio per bucket; every number is from this run on this machine (compare ratios)
 
     python benchmarks/bench_sessions.py                 # all variants, ~1 min
     python benchmarks/bench_sessions.py --variants w4 --scale 0.25 --repeats 1
+    python benchmarks/bench_sessions.py --steps   # each step's cost by context, ~10 s
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ import argparse
 import gc
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from peerbench.workloads import splitmix64  # the spec's generator, beside this file
 
 from prefixcache import KVBlockAllocator
+from prefixcache.engine.sessions import Session
 
 BLOCK = 16
 BUCKETS = [
@@ -98,16 +105,20 @@ def run_requests(allocator: KVBlockAllocator, turns: list[Turn]) -> tuple[list[f
     return seconds, hits
 
 
-def run_sessions(allocator: KVBlockAllocator, turns: list[Turn]) -> tuple[list[float], int]:
-    """Each conversation through one session; seconds per turn, hits."""
-    sessions = {}
+def run_sessions(
+    allocator: KVBlockAllocator, turns: list[Turn], reference: bool = False
+) -> tuple[list[float], int]:
+    """Each conversation through one session (``reference``: the Python one); seconds per
+    turn, hits."""
+    sessions: dict[int, Any] = {}
     seconds, hits = [], 0
     clock = time.perf_counter
     for turn in turns:
         session = sessions.get(turn.session)
         start = clock()
         if session is None:
-            session = sessions[turn.session] = allocator.open_session()
+            host: Any = allocator
+            session = sessions[turn.session] = Session(host) if reference else host.open_session()
         num_hit = session.admit(turn.user)
         session.append(turn.response)
         session.release()
@@ -143,12 +154,50 @@ VARIANTS = {
 }
 
 
+def run_steps() -> None:
+    """Each step of a turn (200 new tokens, 100 decoded) by context length: the minimum of
+    40 turns (the least disturbed by other load), the session object and the reference."""
+    draw = np.random.default_rng(0)
+    user = draw.integers(0, 50_000, 200, dtype=np.int32)
+    response = draw.integers(0, 50_000, 100, dtype=np.int32)
+    print("\nsteps: min us over 40 turns of 200 new tokens and 100 decoded")
+    for context in (1_024, 32_768, 131_072, 1_048_576):
+        for reference in (False, True):
+            allocator: Any = KVBlockAllocator(
+                total_count=context // BLOCK + 4_096, block_size_tokens=BLOCK, device="cpu"
+            )
+            session = Session(allocator) if reference else allocator.open_session()
+            session.admit(draw.integers(0, 50_000, context, dtype=np.int32))
+            session.release()
+            best = [float("inf")] * 4
+            clock = time.perf_counter
+            for _ in range(40):
+                t0 = clock()
+                session.admit(user)
+                t1 = clock()
+                session.append(response)
+                t2 = clock()
+                session.release()
+                t3 = clock()
+                for i, value in enumerate((t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
+                    best[i] = min(best[i], 1e6 * value)
+            name = "Session (Python)" if isinstance(session, Session) else "native Session"
+            print(
+                f"  context from {context:>9,} {name:18} admit {best[0]:7.1f}  "
+                f"append {best[1]:5.1f}  release {best[2]:7.1f}  turn {best[3]:7.1f}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default="w4,pressure,1m")
     parser.add_argument("--scale", type=float, default=0.25, help="sessions x scale (>= 1)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is shown")
+    parser.add_argument("--steps", action="store_true", help="only each step's cost")
     args = parser.parse_args()
+    if args.steps:
+        run_steps()
+        return
     for name in args.variants.split(","):
         num_sessions, limit, share = VARIANTS[name]
         sessions = max(1, round(num_sessions * args.scale)) if name != "1m" else 1
@@ -159,7 +208,13 @@ def main() -> None:
         blocks = sum(-(-n // BLOCK) for n in lengths)
         print(f"\n{name}: {sessions} session(s), {len(turns)} turns, pool {pool} blocks")
         results = {}
-        for way, run in (("requests", run_requests), ("sessions", run_sessions)):
+        ways = [("requests", run_requests), ("sessions", run_sessions)]
+        if (
+            KVBlockAllocator(total_count=2, block_size_tokens=BLOCK, device="cpu").engine
+            == "native"
+        ):
+            ways.append(("py-sessions", lambda a, t: run_sessions(a, t, reference=True)))
+        for way, run in ways:
             runs = []
             for _ in range(args.repeats):
                 allocator = KVBlockAllocator(
@@ -179,11 +234,12 @@ def main() -> None:
                 f"  {way:9} us/turn: {cells}  growth {growth:5.1f}x  "
                 f"hit rate {hits / blocks:.4f}  ({allocator.engine} engine)"
             )
-        ratio = "  ".join(
-            f"{k} {results['sessions'][k] / results['requests'][k]:.2f}"
-            for k in results["sessions"]
-        )
-        print(f"  sessions / requests: {ratio}")
+        for way in results:
+            if way != "requests":
+                ratio = "  ".join(
+                    f"{k} {results[way][k] / results['requests'][k]:.2f}" for k in results[way]
+                )
+                print(f"  {way} / requests: {ratio}")
 
 
 if __name__ == "__main__":

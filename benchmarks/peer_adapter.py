@@ -45,8 +45,9 @@ Mapping (what a serving engine calls, in the order it calls it):
   blocks, allocates the rest with LRU eviction, registers the new full blocks,
   writes the request's block IDs into a preallocated int32 block-table row
   as long as the pool), then ``release_request(row[:n])``.
-- W4: ``serve_turn`` through one :class:`~prefixcache.engine.sessions.Session`
-  per conversation: ``admit(new tokens)``, ``append(response)``, ``release()``.
+- W4: ``serve_turn`` through one session per conversation (``open_session()``: on
+  the native engine the extension's, one native call a step): ``admit(new tokens)``,
+  ``append(response)``, ``release()``.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ except ImportError:  # run from the peers' venv, where prefixcache is not instal
 
 from prefixcache import KVBlockAllocator
 from prefixcache.engine.native_engine import native_available
-from prefixcache.engine.sessions import Session
+from prefixcache.engine.sessions import SessionHandle
 
 
 class PrefixCacheAdapter:
@@ -103,7 +104,7 @@ class PrefixCacheAdapter:
         self._allocator: KVBlockAllocator | None = None
         self._block_size = 16
         self._row = np.zeros(0, dtype=np.int32)  # sized by prefix_init
-        self._sessions: dict[int, Session] = {}
+        self._sessions: dict[int, SessionHandle] = {}
 
     def version(self) -> str:
         """The prefixcache version string, with the engine that runs."""
@@ -152,7 +153,7 @@ class PrefixCacheAdapter:
         self._admit = allocator.admit_request
         self._release = allocator.release_request
         self._row = np.zeros(pool_blocks, dtype=np.int32)  # no request outgrows the pool
-        self._sessions: dict[int, Session] = {}
+        self._sessions: dict[int, SessionHandle] = {}
         self.hash_s = 0.0
 
     @staticmethod
@@ -178,7 +179,7 @@ class PrefixCacheAdapter:
         session: int | None = None,
         last: bool = False,
     ) -> int:
-        """W4: one turn of conversation ``session`` through a :class:`Session`.
+        """W4: one turn of conversation ``session`` through its session (``open_session``).
 
         The session hashes and matches only the tokens after its chain's end
         (``prompt`` is the whole conversation so far plus the new user part),

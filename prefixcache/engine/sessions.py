@@ -23,6 +23,13 @@ other, and eviction may take them (unlike vLLM's streaming sessions, which
 keep theirs pinned). The block table row is the session's own array, grown in
 place (capacity doubling), read through :attr:`Session.block_ids`.
 
+On the fused path (the native engine, xxh3_64 chains from the facade's root, no
+collaborator watching) :meth:`SessionMethods.open_session` returns the
+extension's ``Session`` instead: the same state and the same engine calls in
+C++ (``engine/native/session.cpp``), one native call a step. This class stays
+the reference, and the path for the Python engine, events, routing and wide
+hashes (``tests/engine/test_sessions.py`` runs both against each other).
+
 What still costs O(context) per turn: the reference count of every context
 block is taken and dropped (``take_hit`` and the release walk the IDs in the
 engine, a few ns a block natively), and when the free blocks alone cannot
@@ -31,19 +38,44 @@ hold the turn, the capacity check reads the context blocks' counts.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from prefixcache.engine.block_ids import to_int_array
 from prefixcache.engine.core import EngineCore
 from prefixcache.engine.facade_view import FacadeView
+from prefixcache.engine.native_engine import native_module
 from prefixcache.errors import BlockStateError, CapacityError, ConfigError, InvalidArgumentError
 
-__all__ = ["Session", "SessionMethods"]
+__all__ = ["Session", "SessionHandle", "SessionMethods"]
 
 _EMPTY = np.empty(0, dtype=np.int32)
 _INT32 = np.iinfo(np.int32)
+
+
+class SessionHandle(Protocol):
+    """What :meth:`SessionMethods.open_session` returns: a :class:`Session` or the native one.
+
+    ``block_ids`` is a numpy view of the session's row (:class:`Session`) or a
+    ``BlockIds`` copy of it (the native session); both have ``tolist()`` and the
+    buffer protocol.
+    """
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def block_ids(self) -> Any: ...
+
+    def admit(self, tokens: Any) -> int: ...
+
+    def append(self, tokens: Any) -> None: ...
+
+    def release(self) -> None: ...
 
 
 class SessionMethods:
@@ -51,14 +83,19 @@ class SessionMethods:
 
     _engine: EngineCore
     _layout_epoch: int
+    _track_changes: bool
+    enable_prefix_caching: bool
     verify_prefix_hits: bool
 
-    def open_session(self) -> Session:
+    def open_session(self) -> SessionHandle:
         """A new conversation handle: its turns hash and match only their new tokens.
 
-        See :class:`Session`. The session calls this allocator directly: with
-        :class:`~prefixcache.engine.locked.ThreadSafeAllocator`, open it on ``shared.allocator``
-        and hold ``shared.lock`` around each of its calls.
+        See :class:`Session`. Where ``admit_request`` is the native engine's fused
+        call (no events, routing or verification watch, prefix caching on, the
+        facade's own chains), the handle is the extension's ``Session``: each step
+        one native call composing the same engine calls. The session calls this
+        allocator directly: with :class:`~prefixcache.engine.locked.ThreadSafeAllocator`,
+        open it on ``shared.allocator`` and hold ``shared.lock`` around each of its calls.
 
         Raises:
             ConfigError: ``verify_prefix_hits`` is on (a session does not chain
@@ -71,6 +108,11 @@ class SessionMethods:
                 "sessions do not verify prefix hits yet (verify_prefix_hits is on): "
                 "use admit_request"
             )
+        engine = self._engine
+        core = engine.core if getattr(engine, "fused", False) else None  # type: ignore[attr-defined]
+        if core is not None and not self._track_changes and self.enable_prefix_caching:
+            native: SessionHandle = native_module().Session(core)
+            return native
         host: FacadeView = self  # type: ignore[assignment]  # mixed into the facade
         return Session(host)
 
@@ -229,7 +271,9 @@ class Session:
     def append(self, tokens: Any) -> None:
         """Add decoded ``tokens`` to the running turn: blocks they need, blocks they fill.
 
-        Each block that fills is registered at once, chained onto the last.
+        Each block that fills is registered at once, chained onto the last (not
+        when the last block's hash is no longer registered: a registration of it
+        was refused and its holder evicted since; the next turn looks up again).
 
         Raises:
             BlockStateError: no turn is running.
@@ -254,7 +298,14 @@ class Session:
             self._grow(self._num_held + needed)
             self._ids[self._num_held : self._num_held + needed] = self._allocate(needed)
             self._num_held += needed
-        if filled:
+        if filled and parent is not None and host._engine.block_of(parent) is None:
+            # The parent hash is gone: this turn's registration of it was refused (another
+            # block held it) and that block was evicted since. The filled blocks stay
+            # unregistered (uncached, as a refused registration) and the next turn looks
+            # the chain up again; registering under a missing parent would raise after the
+            # allocation above.
+            self._refused = True
+        elif filled:
             known = len(self._hashes)
             self._register(
                 self._ids[known : known + len(filled)],
@@ -262,7 +313,7 @@ class Session:
                 parent,
                 pending[: len(filled) * size],
             )
-            self._hashes.extend(filled)
+        self._hashes.extend(filled)
         self._pending = pending[len(filled) * size :].copy()
         self._num_tokens = num_tokens
 

@@ -8,7 +8,11 @@ same state (:func:`state_digest`: counts, registry, clock, counters, policy
 order) and give the same hits and block table rows. Programs mix sessions
 with other requests, eviction under a small pool, identical conversations
 (registrations refused because another block holds the hash), defragmentation
-and resets, so the O(1) context check and its fallback both run; both engines.
+and resets, so the O(1) context check and its fallback both run; both engines,
+and on the native engine both session objects: the extension's (what
+``open_session`` returns on the fused path) and the Python reference
+:class:`~prefixcache.engine.sessions.Session`, also compared directly, step by
+step, error messages included.
 """
 
 from __future__ import annotations
@@ -27,13 +31,17 @@ from prefixcache import (
     InvalidArgumentError,
     KVBlockAllocator,
     PrefixCacheError,
+    ReentrantCallError,
 )
 from prefixcache.engine.locked import ThreadSafeAllocator
 from prefixcache.engine.native_engine import native_available
+from prefixcache.engine.sessions import Session, SessionHandle
 from prefixcache.testing import state_digest
 
 BLOCK = 2
 ENGINES = ["python", "native"] if native_available() else ["python"]
+KINDS = ["python", "native", "native+python-session"] if native_available() else ["python"]
+"""Engine, and on the native engine which session object: the extension's or the reference."""
 
 
 def build(engine: str, policy: str = "lru", total: int = 14) -> KVBlockAllocator:
@@ -46,6 +54,15 @@ def build(engine: str, policy: str = "lru", total: int = 14) -> KVBlockAllocator
     )
 
 
+def open_session(allocator: KVBlockAllocator, kind: str) -> SessionHandle:
+    """The allocator's session (native on the fused path), or the Python reference forced."""
+    if kind == "native+python-session":
+        return Session(allocator)  # type: ignore[arg-type]  # the facade is its host
+    session = allocator.open_session()
+    assert isinstance(session, Session) == (kind == "python")
+    return session
+
+
 class Twin:
     """A session's turns as new requests over the whole conversation (what it must equal)."""
 
@@ -53,6 +70,14 @@ class Twin:
         self.allocator = allocator
         self.tokens: list[int] = []
         self.held: list[int] = []
+
+    @property
+    def running(self) -> bool:
+        return bool(self.held)
+
+    @property
+    def row(self) -> list[int]:
+        return self.held
 
     def admit(self, tokens: list[int]) -> int:
         prompt = self.tokens + tokens
@@ -72,8 +97,10 @@ class Twin:
             new = list(ids)
         held = self.held + new
         before, after = len(self.tokens) // BLOCK, len(grown) // BLOCK
-        if after > before:
-            hashes = self.allocator.hash_tokens(grown)
+        hashes = self.allocator.hash_tokens(grown)
+        # A parent hash gone (its registration refused, its holder evicted): none registered.
+        engine = self.allocator._engine
+        if after > before and (not before or engine.block_of(hashes[before - 1]) is not None):
             self.allocator.register_kv_block_hashes(
                 held[before:after],
                 hashes[before:after],
@@ -86,31 +113,31 @@ class Twin:
         self.held = []
 
 
-def outcome(call: Any) -> object:
+def outcome(call: Any, messages: bool = False) -> object:
     try:
         return ("ok", call())
     except PrefixCacheError as error:
-        return ("raised", type(error).__name__)
+        return ("raised", type(error).__name__) + ((str(error),) if messages else ())
+
+
+def row_of(handle: Any) -> list[int]:
+    return handle.row if isinstance(handle, Twin) else handle.block_ids.tolist()
 
 
 tokens_st = st.lists(st.integers(0, 1), min_size=1, max_size=7)
 """Two token values and blocks of two: conversations and other requests share blocks often."""
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero"]))
-def test_a_session_turn_equals_a_new_request_over_the_whole_conversation(
-    engine: str, policy: str, data: st.DataObject
+def run_program(
+    data: st.DataObject,
+    ours: KVBlockAllocator,
+    theirs: KVBlockAllocator,
+    sessions: list[Any],
+    twins: list[Any],
+    messages: bool = False,
 ) -> None:
-    ours, theirs = build(engine, policy), build(engine, policy)
-    sessions = [ours.open_session() for _ in range(3)]
-    twins = [Twin(theirs) for _ in range(3)]
+    """A random program of turns, other requests, evictions, defragmentation and resets,
+    run on both allocators: the same outcomes, rows and state after every step."""
     for _ in range(data.draw(st.integers(1, 40), label="steps")):
         step = data.draw(
             st.sampled_from(["admit", "append", "release", "request", "evict", "defrag", "reset"]),
@@ -120,17 +147,17 @@ def test_a_session_turn_equals_a_new_request_over_the_whole_conversation(
         session, twin = sessions[index], twins[index]
         if step == "admit" and not session.running:
             tokens = data.draw(tokens_st, label="tokens")
-            got = outcome(lambda s=session, t=tokens: s.admit(t))
-            want = outcome(lambda w=twin, t=tokens: w.admit(t))
+            got = outcome(lambda s=session, t=tokens: s.admit(t), messages)
+            want = outcome(lambda w=twin, t=tokens: w.admit(t), messages)
             assert got == want
             if got[0] == "ok":
-                assert session.block_ids.tolist() == twin.held
+                assert row_of(session) == row_of(twin)
         elif step == "append" and session.running:
             tokens = data.draw(tokens_st, label="tokens")
-            assert outcome(lambda s=session, t=tokens: s.append(t)) == outcome(
-                lambda w=twin, t=tokens: w.append(t)
+            assert outcome(lambda s=session, t=tokens: s.append(t), messages) == outcome(
+                lambda w=twin, t=tokens: w.append(t), messages
             )
-            assert session.block_ids.tolist() == twin.held
+            assert row_of(session) == row_of(twin)
         elif step == "release" and session.running:
             session.release()
             twin.release()
@@ -150,14 +177,60 @@ def test_a_session_turn_equals_a_new_request_over_the_whole_conversation(
             ours.reset()
             theirs.reset()
         assert state_digest(ours) == state_digest(theirs), step
+        assert [s.num_tokens for s in sessions] == [
+            len(t.tokens) if isinstance(t, Twin) else t.num_tokens for t in twins
+        ]
         ours.check_invariants()
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_a_turn_hashes_only_its_new_tokens(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+PROGRAMS = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@PROGRAMS
+@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero"]))
+def test_a_session_turn_equals_a_new_request_over_the_whole_conversation(
+    kind: str, policy: str, data: st.DataObject
+) -> None:
+    engine = "python" if kind == "python" else "native"
+    ours, theirs = build(engine, policy), build(engine, policy)
+    sessions = [open_session(ours, kind) for _ in range(3)]
+    run_program(data, ours, theirs, sessions, [Twin(theirs) for _ in range(3)])
+
+
+@pytest.mark.skipif(not native_available(), reason="the native engine is not built")
+@PROGRAMS
+@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero"]))
+def test_the_native_session_equals_the_python_session_step_by_step(
+    policy: str, data: st.DataObject
+) -> None:
+    """The extension's session against the reference on the same engine: the same
+    outcomes (error messages included), rows, token counts and engine state."""
+    ours, theirs = build("native", policy), build("native", policy)
+    natives = [open_session(ours, "native") for _ in range(3)]
+    references = [open_session(theirs, "native+python-session") for _ in range(3)]
+    run_program(data, ours, theirs, natives, references, messages=True)
+
+
+def five_short_turns(session: Any) -> None:
+    assert session.admit(list(range(41))) == 0
+    session.release()
+    for _ in range(5):
+        assert session.admit([7, 8, 9, 10]) == session.num_tokens // BLOCK - 2
+        session.release()
+
+
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "native"])
+def test_a_turn_hashes_only_its_new_tokens(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cost follows the new tokens: only they are hashed and looked up."""
-    allocator = build(engine, total=64)
-    session = allocator.open_session()
+    allocator = build("python" if kind == "python" else "native", total=64)
+    session = open_session(allocator, kind)
+    assert isinstance(session, Session)
     hashed: list[int] = []
     original = session._hash  # the facade's hash_tokens, or the native engine's
 
@@ -176,19 +249,24 @@ def test_a_turn_hashes_only_its_new_tokens(engine: str, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(session, "_hash", counting)
     monkeypatch.setattr(allocator._engine, "lookup", counting_lookups)
-    assert session.admit(list(range(41))) == 0
-    session.release()
-    for _ in range(5):
-        assert session.admit([7, 8, 9, 10]) == session.num_tokens // BLOCK - 2
-        session.release()
+    five_short_turns(session)
     assert hashed == [41] + [5] * 5  # the partial block's token, then the 4 new ones
     assert looked_up == [20] + [2] * 5  # the new full blocks only: the context is not walked
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_an_idle_session_holds_nothing_and_survives_eviction(engine: str) -> None:
-    allocator = build(engine, total=8)  # 7 usable blocks
-    session = allocator.open_session()
+@pytest.mark.skipif(not native_available(), reason="the native engine is not built")
+def test_a_native_turn_hashes_only_its_new_tokens() -> None:
+    """The extension's session counts what it hashes and looks up: the same as above."""
+    session: Any = open_session(build("native", total=64), "native")
+    five_short_turns(session)
+    assert session.num_hashed_tokens == 41 + 5 * 5
+    assert session.num_looked_up == 20 + 2 * 5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_idle_session_holds_nothing_and_survives_eviction(kind: str) -> None:
+    allocator = build("python" if kind == "python" else "native", total=8)  # 7 usable blocks
+    session = open_session(allocator, kind)
     session.admit([1, 2, 3, 4, 5, 6])
     session.release()
     assert allocator.get_active_used() == 0 and allocator.stats().num_cached == 3
@@ -204,10 +282,10 @@ def test_an_idle_session_holds_nothing_and_survives_eviction(engine: str) -> Non
     allocator.check_invariants()
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_refusals_change_nothing(engine: str) -> None:
-    allocator = build(engine, total=6)  # 5 usable blocks
-    session = allocator.open_session()
+@pytest.mark.parametrize("kind", KINDS)
+def test_refusals_change_nothing(kind: str) -> None:
+    allocator = build("python" if kind == "python" else "native", total=6)  # 5 usable blocks
+    session = open_session(allocator, kind)
     with pytest.raises(BlockStateError, match="admit"):
         session.append([1])
     with pytest.raises(BlockStateError, match="no turn"):
@@ -225,7 +303,7 @@ def test_refusals_change_nothing(engine: str) -> None:
         session.append(list(range(20)))
     assert (state_digest(allocator), session.block_ids.tolist(), session.num_tokens) == before
     session.release()
-    other = allocator.open_session()
+    other = open_session(allocator, kind)
     other.admit(list(range(6)))  # 3 blocks held: the session's context cannot fit beside them
     before = state_digest(allocator)
     with pytest.raises(CapacityError):
@@ -267,3 +345,39 @@ def test_without_prefix_caching_every_turn_starts_afresh(engine: str) -> None:
         twin.release()
         assert state_digest(ours) == state_digest(theirs)
         ours.check_invariants()
+
+
+@pytest.mark.skipif(not native_available(), reason="the native engine is not built")
+@pytest.mark.parametrize("swallow", [False, True])
+def test_a_native_step_refuses_reentry(swallow: bool) -> None:
+    """Reading the tokens may run Python code (a tensor's numpy()); a call back into the
+    engine from there is refused. Raised on, the step fails with it and changes nothing;
+    swallowed, the step runs as if the call back never happened."""
+    ours, theirs = build("native", total=32), build("native", total=32)
+    session, twin = open_session(ours, "native"), open_session(theirs, "native")
+    refusals: list[ReentrantCallError] = []
+
+    class CallsBack:
+        def numpy(self) -> np.ndarray:
+            try:
+                session.release()  # into the engine while append reads these tokens
+            except ReentrantCallError as error:
+                refusals.append(error)
+                if not swallow:
+                    raise
+            return np.arange(4, dtype=np.int32)
+
+    session.admit([1, 2, 3])
+    twin.admit([1, 2, 3])
+    if swallow:
+        session.append(CallsBack())
+        twin.append(np.arange(4, dtype=np.int32))
+    else:
+        with pytest.raises(ReentrantCallError):
+            session.append(CallsBack())
+    assert len(refusals) == 1 and session.running
+    assert state_digest(ours) == state_digest(theirs)
+    assert (session.block_ids.tolist(), session.num_tokens) == (
+        twin.block_ids.tolist(),
+        twin.num_tokens,
+    )

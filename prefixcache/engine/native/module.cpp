@@ -645,7 +645,8 @@ PyMODINIT_FUNC PyInit__native(void) {
   if (!module) return nullptr;
   Py_INCREF(&g_block_ids_type);
   if (PyModule_AddObject(module, "BlockIds", reinterpret_cast<PyObject*>(&g_block_ids_type)) < 0 ||
-      !add_engine_type(module) || !add_policy_type(module)) {
+      !add_engine_type(module) || !add_policy_type(module) ||
+      !add_session_type(module)) {
     Py_DECREF(module);
     return nullptr;
   }

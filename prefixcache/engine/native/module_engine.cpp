@@ -91,6 +91,7 @@ int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
   }
   self->block_size = block_size;
   self->root = root_hash;
+  ++self->num_inits;  // a native session opened on the engine before refuses to run
   return 0;
 }
 
@@ -203,6 +204,7 @@ FASTCALL(engine_relocate) {
                                          destinations.size());)
   } else {
     GUARD(self->engine->relocate(self->ids->data(), destinations.data(), destinations.size());)
+    ++self->layout_epoch;  // blocks moved: native sessions look their chains up again
   }
   Py_RETURN_NONE;
 }
@@ -325,6 +327,7 @@ PyObject* engine_reset(PyObject* py_self, PyObject*) {
   EngineObject* self = self_of(py_self);
   if (!ready(self)) return nullptr;
   GUARD(self->engine->reset();)
+  ++self->layout_epoch;  // every block freed: native sessions look their chains up again
   Py_RETURN_NONE;
 }
 
@@ -483,6 +486,8 @@ PyMethodDef g_methods[] = {
 PyTypeObject g_engine_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 }  // namespace
+
+PyTypeObject* native_engine_type() { return &g_engine_type; }
 
 bool add_engine_type(PyObject* module) {
   g_engine_type.tp_name = "prefixcache.engine._native.Engine";

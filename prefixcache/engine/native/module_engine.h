@@ -21,8 +21,35 @@ struct EngineObject {
   std::vector<int32_t>* tokens;    // tokens narrowed to int32
   int64_t block_size;
   uint64_t root;
+  int64_t layout_epoch;  // bumped by reset and relocation (what a native session checks)
+  int64_t num_inits;     // __init__ calls: a native session belongs to one
   bool busy;  // a call is running (CallGuard)
 };
+
+/// The Engine type (module_engine.cpp), for the types that take an engine.
+PyTypeObject* native_engine_type();
+
+// Tokens as int32: the caller's buffer itself when it is int32 (held until
+// release()), else narrowed into the engine's scratch ``tokens`` (every token
+// must fit in int32, as hashing.py requires).
+struct Tokens {
+  const int32_t* data = nullptr;
+  size_t count = 0;
+  Py_buffer view{};
+  bool holds_view = false;
+  Tokens() = default;
+  Tokens(const Tokens&) = delete;
+  Tokens& operator=(const Tokens&) = delete;
+  ~Tokens() { release(); }
+  void release() {
+    if (holds_view) PyBuffer_Release(&view);
+    holds_view = false;
+  }
+};
+
+/// ``obj`` (a list, tuple or 1-D integer buffer) as int32 tokens; false with the library's
+/// error set otherwise (module_request.cpp).
+bool native_parse_tokens(EngineObject* self, PyObject* obj, Tokens* out);
 
 #define GUARD(...)                                             \
   try {                                                        \

@@ -10,24 +10,8 @@
 #include "module_engine.h"
 
 namespace prefixcache {
-namespace {
 
-// Tokens as int32: the caller's buffer itself when it is int32 (held until
-// release()), else narrowed into self->tokens (every token must fit in int32,
-// as hashing.py requires).
-struct Tokens {
-  const int32_t* data = nullptr;
-  size_t count = 0;
-  Py_buffer view{};
-  bool holds_view = false;
-  ~Tokens() { release(); }
-  void release() {
-    if (holds_view) PyBuffer_Release(&view);
-    holds_view = false;
-  }
-};
-
-bool parse_tokens(EngineObject* self, PyObject* obj, Tokens* out) {
+bool native_parse_tokens(EngineObject* self, PyObject* obj, Tokens* out) {
   std::vector<int32_t>& narrowed = *self->tokens;
   auto outside = [](int64_t value) {
     native_raise(ErrorKind::kInvalidArgument,
@@ -92,8 +76,6 @@ bool parse_tokens(EngineObject* self, PyObject* obj, Tokens* out) {
   return ok;
 }
 
-}  // namespace
-
 FASTCALL(engine_admit_request) {
   static const char* const names[] = {"tokens", "out_row"};
   EngineObject* self = self_of(py_self);
@@ -119,7 +101,7 @@ FASTCALL(engine_admit_request) {
   Py_DECREF(source);
   if (!got) return nullptr;
   Tokens parsed;
-  if (!parse_tokens(self, bound[0], &parsed)) {
+  if (!native_parse_tokens(self, bound[0], &parsed)) {
     PyBuffer_Release(&row);
     return nullptr;
   }
@@ -181,7 +163,7 @@ FASTCALL(engine_hash_tokens) {
     seed = static_cast<uint64_t>(value);
   }
   Tokens parsed;
-  if (!parse_tokens(self, bound[0], &parsed)) return nullptr;
+  if (!native_parse_tokens(self, bound[0], &parsed)) return nullptr;
   const int32_t* tokens = parsed.data;
   const size_t num_tokens = parsed.count;
   const size_t num_full = num_tokens / static_cast<size_t>(self->block_size);

@@ -1,0 +1,210 @@
+// prefixcache.engine._native.Session: a SessionState (session.h) bound to one Engine object.
+//
+// Session(engine) opens a conversation on ``engine``; admit(tokens), append(tokens) and
+// release() are one native call each (the facade's open_session returns this object on the
+// fused path; DESIGN.md, "Sessions"). Every call runs behind the engine's CallGuard: it
+// uses the engine's scratch buffers and state, so Python code run while the tokens are read
+// cannot call back into the engine (ReentrantCallError, nothing changed). The session keeps
+// its engine alive; an engine re-initialised after the session opened is refused.
+
+#include <cstdint>
+#include <new>
+#include <string>
+
+#include "module_engine.h"
+#include "session.h"
+
+namespace prefixcache {
+namespace {
+
+struct SessionObject {
+  PyObject_HEAD
+  EngineObject* engine;  // a strong reference
+  SessionState* state;
+  int64_t num_inits;  // the engine's __init__ count when the session opened
+};
+
+SessionObject* session_of(PyObject* py_self) { return reinterpret_cast<SessionObject*>(py_self); }
+
+PyObject* not_initialised() {
+  PyErr_SetString(PyExc_RuntimeError, "native Session not initialised");
+  return nullptr;
+}
+
+// The session's engine when it may run: initialised, the one it opened on, not busy (the
+// guard, held by the caller, says so).
+Engine* engine_of(SessionObject* self) {
+  if (!self->state) {
+    not_initialised();
+    return nullptr;
+  }
+  if (!ready(self->engine)) return nullptr;
+  if (self->engine->num_inits != self->num_inits) {
+    native_raise(ErrorKind::kBlockState,
+                 "the engine was re-initialised after this session opened; open a new one");
+    return nullptr;
+  }
+  return self->engine->engine;
+}
+
+int session_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"engine", nullptr};
+  PyObject* engine = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!:Session", const_cast<char**>(names),
+                                   native_engine_type(), &engine)) {
+    return -1;
+  }
+  EngineObject* owner = reinterpret_cast<EngineObject*>(engine);
+  if (!ready(owner)) return -1;
+  SessionObject* self = session_of(py_self);
+  if (self->state && self->state->running()) {  // its blocks would stay referenced
+    native_raise(ErrorKind::kBlockState, "a turn of this session is running; release() it first");
+    return -1;
+  }
+  SessionState* state;
+  try {
+    state = new SessionState(static_cast<size_t>(owner->block_size), owner->root);
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  delete self->state;
+  self->state = state;
+  Py_INCREF(engine);
+  Py_XSETREF(self->engine, owner);
+  self->num_inits = owner->num_inits;
+  return 0;
+}
+
+void session_dealloc(PyObject* py_self) {
+  SessionObject* self = session_of(py_self);
+  delete self->state;
+  Py_XDECREF(self->engine);
+  Py_TYPE(py_self)->tp_free(py_self);
+}
+
+// admit(tokens) and append(tokens): the running check, then the tokens, then the step.
+PyObject* session_step(PyObject* py_self, PyObject* arg, bool admit) {
+  SessionObject* self = session_of(py_self);
+  if (!self->engine) return not_initialised();
+  CallGuard guard(&self->engine->busy);
+  if (!guard.admitted()) return nullptr;
+  Engine* engine = engine_of(self);
+  if (!engine) return nullptr;
+  try {
+    self->state->expect_running(!admit);
+  } catch (const EngineError& error) {
+    return native_raise(error.kind, error.message);
+  }
+  Tokens tokens;
+  if (!native_parse_tokens(self->engine, arg, &tokens)) return nullptr;
+  if (!tokens.count) {
+    return native_raise(ErrorKind::kInvalidArgument,
+                        "a turn or an append needs at least one token");
+  }
+  try {
+    if (admit) {
+      return PyLong_FromLongLong(self->state->admit(*engine, self->engine->layout_epoch,
+                                                    tokens.data, tokens.count));
+    }
+    self->state->append(*engine, tokens.data, tokens.count);
+  } catch (const EngineError& error) {
+    return native_raise(error.kind, error.message);
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* session_admit(PyObject* py_self, PyObject* arg) { return session_step(py_self, arg, true); }
+
+PyObject* session_append(PyObject* py_self, PyObject* arg) {
+  return session_step(py_self, arg, false);
+}
+
+PyObject* session_release(PyObject* py_self, PyObject*) {
+  SessionObject* self = session_of(py_self);
+  if (!self->engine) return not_initialised();
+  CallGuard guard(&self->engine->busy);
+  if (!guard.admitted()) return nullptr;
+  Engine* engine = engine_of(self);
+  if (!engine) return nullptr;
+  try {
+    self->state->release(*engine, self->engine->layout_epoch);
+  } catch (const EngineError& error) {
+    return native_raise(error.kind, error.message);
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  }
+  Py_RETURN_NONE;
+}
+
+// Getters read the state only (no engine call): no guard needed.
+PyObject* session_read(PyObject* py_self, int which) {
+  SessionObject* self = session_of(py_self);
+  if (!self->state) return not_initialised();
+  const SessionState& state = *self->state;
+  switch (which) {
+    case 0:
+      return PyLong_FromLongLong(state.num_tokens());
+    case 1:
+      return PyBool_FromLong(state.running());
+    case 2:
+      return native_block_ids(state.ids(), state.num_held());
+    case 3:
+      return PyLong_FromLongLong(state.num_hashed_tokens());
+    default:
+      return PyLong_FromLongLong(state.num_looked_up());
+  }
+}
+
+PyObject* get_num_tokens(PyObject* self, void*) { return session_read(self, 0); }
+PyObject* get_running(PyObject* self, void*) { return session_read(self, 1); }
+PyObject* get_block_ids(PyObject* self, void*) { return session_read(self, 2); }
+PyObject* get_num_hashed_tokens(PyObject* self, void*) { return session_read(self, 3); }
+PyObject* get_num_looked_up(PyObject* self, void*) { return session_read(self, 4); }
+
+PyGetSetDef g_session_getset[] = {
+    {"num_tokens", get_num_tokens, nullptr, "Tokens of the conversation so far.", nullptr},
+    {"running", get_running, nullptr, "Whether a turn holds blocks.", nullptr},
+    {"block_ids", get_block_ids, nullptr,
+     "The running turn's block table row (a BlockIds copy of the session's row).", nullptr},
+    {"num_hashed_tokens", get_num_hashed_tokens, nullptr,
+     "Tokens hashed so far (each turn's new tokens and its partial block's).", nullptr},
+    {"num_looked_up", get_num_looked_up, nullptr, "Hashes looked up so far.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyMethodDef g_session_methods[] = {
+    {"admit", session_admit, METH_O, "admit(tokens) -> blocks served from the cache"},
+    {"append", session_append, METH_O, "append(tokens): decoded tokens of the running turn"},
+    {"release", session_release, METH_NOARGS, "release(): end the running turn"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyTypeObject g_session_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+}  // namespace
+
+bool add_session_type(PyObject* module) {
+  g_session_type.tp_name = "prefixcache.engine._native.Session";
+  g_session_type.tp_basicsize = sizeof(SessionObject);
+  g_session_type.tp_flags = Py_TPFLAGS_DEFAULT;
+  g_session_type.tp_doc =
+      "Session(engine): a conversation's chain between turns on the fused path "
+      "(prefixcache.engine.sessions.Session is the reference).";
+  g_session_type.tp_new = PyType_GenericNew;
+  g_session_type.tp_init = session_init;
+  g_session_type.tp_dealloc = session_dealloc;
+  g_session_type.tp_methods = g_session_methods;
+  g_session_type.tp_getset = g_session_getset;
+  if (PyType_Ready(&g_session_type) < 0) return false;
+  Py_INCREF(&g_session_type);
+  if (PyModule_AddObject(module, "Session", reinterpret_cast<PyObject*>(&g_session_type)) < 0) {
+    Py_DECREF(&g_session_type);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace prefixcache

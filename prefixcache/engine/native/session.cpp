@@ -1,0 +1,171 @@
+// SessionState (session.h): a session's turn composed of the engine's calls, in the order
+// and with the arguments of prefixcache/engine/sessions.py's Session (its fused-path
+// branch: no collaborator watches, prefix caching on). Each step names the Python lines it
+// mirrors; the differential tests in tests/engine/test_sessions.py run both side by side.
+
+#include "session.h"
+
+#include <algorithm>
+#include <string>
+
+#include "block_hashing.h"
+
+namespace prefixcache {
+namespace {
+
+[[noreturn]] void refuse(ErrorKind kind, std::string message) {
+  throw EngineError{kind, std::move(message)};
+}
+
+}  // namespace
+
+void SessionState::expect_running(bool running) const {
+  if (running && !num_held_) {
+    refuse(ErrorKind::kBlockState, "no turn of this session is running; admit() one first");
+  }
+  if (!running && num_held_) {
+    refuse(ErrorKind::kBlockState, "a turn of this session is running; release() it first");
+  }
+}
+
+const int32_t* SessionState::joined(const int32_t* tokens, size_t count) {
+  if (pending_.empty()) return tokens;
+  prompt_.assign(pending_.begin(), pending_.end());
+  prompt_.insert(prompt_.end(), tokens, tokens + count);
+  return prompt_.data();
+}
+
+void SessionState::hash_new_blocks(const int32_t* prompt, size_t length) {
+  const size_t count = length / block_size_;
+  new_hashes_.resize(count);
+  if (!count) return;  // Python hashes only a prompt of a full block or more
+  const uint64_t parent = hashes_.empty() ? root_ : static_cast<uint64_t>(hashes_.back());
+  chain_block_hashes(prompt, length, block_size_, parent,
+                     reinterpret_cast<uint64_t*>(new_hashes_.data()));
+  num_hashed_tokens_ += static_cast<int64_t>(length);
+}
+
+const int64_t* SessionState::chain_run(size_t first, size_t stop) {
+  const size_t known = hashes_.size();
+  if (first >= known) return new_hashes_.data() + (first - known);
+  if (stop <= known) return hashes_.data() + first;
+  query_.assign(hashes_.begin() + static_cast<std::ptrdiff_t>(first), hashes_.end());
+  query_.insert(query_.end(), new_hashes_.begin(),
+                new_hashes_.begin() + static_cast<std::ptrdiff_t>(stop - known));
+  return query_.data();
+}
+
+void SessionState::register_run(Engine& engine, size_t first, size_t count,
+                                const int64_t* hashes) {
+  flags_.resize(2 * count);
+  const bool has_parent = first > 0;
+  engine.register_chain(ids_.data() + first, hashes, count, has_parent,
+                        has_parent ? chain_hash(first - 1) : 0, flags_.data(),
+                        flags_.data() + count);
+  for (size_t i = 0; i < count && !refused_; ++i) refused_ = !flags_[i];
+}
+
+void SessionState::grow(size_t num_blocks) {
+  if (num_blocks > ids_.size()) ids_.resize(std::max({num_blocks, 2 * ids_.size(), size_t{16}}));
+}
+
+int64_t SessionState::admit(Engine& engine, int64_t epoch, const int32_t* tokens,
+                            size_t count) {
+  expect_running(false);
+  const size_t size = block_size_;
+  const int32_t* prompt = joined(tokens, count);
+  const size_t prompt_length = pending_.size() + count;
+  const size_t num_tokens = static_cast<size_t>(num_tokens_) + count;
+  hash_new_blocks(prompt, prompt_length);
+  const size_t known = hashes_.size();
+  const bool intact = known == 0 || (has_key_ && key_ == key_of(engine, epoch));
+  const size_t num_matchable = (num_tokens - 1) / size;
+  const size_t num_blocks = (num_tokens + size - 1) / size;
+  grow(num_blocks);  // capacity only: the remembered row is untouched
+  // The hits as one run: the row itself when the context is intact (the turn's later hits
+  // go after the remembered blocks, past the session's state), else scratch filled by one
+  // lookup of the remembered chain (copied into the row once nothing can fail).
+  int32_t* hit = ids_.data();
+  size_t base = known;
+  if (!intact) {
+    context_.resize(std::max(known, num_matchable));
+    base = engine.lookup(hashes_.data(), known, context_.data());
+    num_looked_up_ += static_cast<int64_t>(known);
+    hit = context_.data();
+  }
+  size_t num_hit = base;
+  if (num_matchable > base) {
+    const int64_t* query = chain_run(base, num_matchable);
+    num_hit += engine.lookup(query, num_matchable - base, hit + base);
+    num_looked_up_ += static_cast<int64_t>(num_matchable - base);
+  }
+  const int64_t needed = static_cast<int64_t>(num_blocks - num_hit);
+  if (needed > engine.num_free()) {  // else no eviction: no need to count the cached hits
+    int64_t cached_hits = 0;
+    for (size_t i = 0; i < num_hit; ++i) {
+      cached_hits += engine.active_refs(hit[i]) == 0 && engine.paused_refs(hit[i]) == 0;
+    }
+    const int64_t room = engine.num_free() + engine.num_cached() - cached_hits;
+    if (needed > room) {
+      refuse(ErrorKind::kCapacity, "the turn needs " + std::to_string(needed) + " blocks; " +
+                                       std::to_string(room) + " can be freed");
+    }
+  }
+  // The first write: take_hit checks (free blocks, reference headroom) before its own.
+  engine.take_hit(hit, num_hit, static_cast<int64_t>(num_matchable), true);
+  if (!intact) std::copy(hit, hit + num_hit, ids_.data());
+  engine.allocate(needed, ids_.data() + num_hit);  // room was checked
+  const size_t num_full = known + new_hashes_.size();
+  if (num_full > num_hit) register_run(engine, num_hit, num_full - num_hit, chain_run(num_hit, num_full));
+  hashes_.insert(hashes_.end(), new_hashes_.begin(), new_hashes_.end());
+  num_tokens_ = static_cast<int64_t>(num_tokens);
+  pending_.assign(prompt + new_hashes_.size() * size, prompt + prompt_length);
+  num_held_ = num_blocks;
+  return static_cast<int64_t>(num_hit);
+}
+
+void SessionState::append(Engine& engine, const int32_t* tokens, size_t count) {
+  expect_running(true);
+  const size_t size = block_size_;
+  const int32_t* pending = joined(tokens, count);
+  const size_t pending_length = pending_.size() + count;
+  const size_t num_tokens = static_cast<size_t>(num_tokens_) + count;
+  const int64_t needed = static_cast<int64_t>((num_tokens + size - 1) / size - num_held_);
+  if (needed > engine.num_free() + engine.num_cached()) {
+    refuse(ErrorKind::kCapacity,
+           "the tokens need " + std::to_string(needed) + " more blocks; the pool is short");
+  }
+  hash_new_blocks(pending, pending_length);
+  if (needed) {
+    grow(num_held_ + static_cast<size_t>(needed));
+    engine.allocate(needed, ids_.data() + num_held_);
+    num_held_ += static_cast<size_t>(needed);
+  }
+  const size_t num_filled = new_hashes_.size();
+  const size_t known = hashes_.size();
+  if (num_filled && known && engine.block_of(hashes_.back()) < 0) {
+    // The parent hash is gone (this turn's registration of it was refused and its holder
+    // evicted since): the filled blocks stay unregistered and the next turn looks up again.
+    refused_ = true;
+  } else if (num_filled) {
+    register_run(engine, known, num_filled, new_hashes_.data());
+  }
+  hashes_.insert(hashes_.end(), new_hashes_.begin(), new_hashes_.end());
+  pending_.assign(pending + num_filled * size, pending + pending_length);
+  num_tokens_ = static_cast<int64_t>(num_tokens);
+}
+
+void SessionState::release(Engine& engine, int64_t epoch) {
+  if (!num_held_) refuse(ErrorKind::kBlockState, "no turn of this session is running");
+  const StructureKey before = key_of(engine, epoch);
+  engine.release(ids_.data(), num_held_, false);  // checks the counts before it writes
+  num_held_ = 0;
+  const StructureKey after = key_of(engine, epoch);
+  // The next turn trusts the remembered blocks only if this release dropped none of them
+  // and every block carries its hash; otherwise it looks the chain up again.
+  has_key_ = before == after && !refused_;
+  key_ = after;
+  refused_ = false;
+}
+
+}  // namespace prefixcache
