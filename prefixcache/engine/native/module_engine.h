@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "binding.h"
+#include "engine_checkpoint.h"
 
 namespace prefixcache {
 
@@ -22,11 +23,15 @@ struct EngineObject {
   int64_t block_size;
   uint64_t root;
   bool busy;  // a call is running (CallGuard)
+  EngineCheckpoint* checkpoint;  // a transactional (Python) policy's saved state; else null
 };
 
+// The engine call in __VA_ARGS__ as a transaction (engine_checkpoint.h); errors raised.
 #define GUARD(...)                                             \
   try {                                                        \
+    PolicyTransaction transaction(self->engine, self->checkpoint); \
     __VA_ARGS__                                                \
+    transaction.commit();                                      \
   } catch (const EngineError& error) {                         \
     return native_raise(error.kind, error.message);            \
   } catch (const std::bad_alloc&) {                            \
