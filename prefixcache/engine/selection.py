@@ -23,7 +23,6 @@ from prefixcache.errors import ConfigError
 from prefixcache.policies import (
     ARCPolicy,
     EvictionPolicy,
-    is_transactional,
     FIFOPolicy,
     HazardPolicy,
     LFUPolicy,
@@ -34,6 +33,7 @@ from prefixcache.policies import (
     ReuseLRUPolicy,
     S3FIFOPolicy,
     SLRUPolicy,
+    is_transactional,
 )
 
 ENGINE_ENV = "PREFIXCACHE_ENGINE"

@@ -26,9 +26,6 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-
-from prefixcache import KVBlockAllocator, PrefixCacheError, policies
-from prefixcache.engine.native_engine import native_available
 from prefixcache.policies import (
     ARCPolicy,
     EvictionPolicy,
@@ -37,6 +34,9 @@ from prefixcache.policies import (
     S3FIFOPolicy,
     has_hook,
 )
+
+from prefixcache import KVBlockAllocator, PrefixCacheError, policies
+from prefixcache.engine.native_engine import native_available
 from prefixcache.testing import changed_fields, state_digest
 
 pytestmark = pytest.mark.skipif(
@@ -350,9 +350,8 @@ def test_a_fault_inside_the_fused_request_path_changes_nothing() -> None:
         before, order = state_digest(allocator), _order(policy)
         policy.fault_in = calls  # type: ignore[attr-defined]
         row = np.full(6, -7, dtype=np.int32)
-        outcome = _outcome(
-            lambda: allocator.admit_request(np.array([0, 0, 9, 9, 9, 9, 9], np.int32), row)
-        )
+        tokens = np.array([0, 0, 9, 9, 9, 9, 9], np.int32)
+        outcome = _outcome(lambda a=allocator, r=row, t=tokens: a.admit_request(t, r))
         policy.fault_in = -1  # type: ignore[attr-defined]
         if outcome[0] == "raised":
             assert outcome == ("raised", "InjectedFault")
