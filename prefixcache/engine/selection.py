@@ -116,6 +116,12 @@ def native_policy_spec(spec: object, policy: EvictionPolicy) -> tuple[str, dict[
 
 _PYTHON_ONLY = ("auto", "belady")  # built-in names kept on the Python engine (see below)
 
+PYTHON_POLICY_MAX_BLOCKS = 32_768
+"""The largest pool on which the native engine drives a policy object. Each engine call
+copies the engine's state first (``native/engine_checkpoint.h``, the transaction rule), about
+5-11 ns a block: 10 us at 2,048 blocks, 0.7 ms at 65,536, where the Python engine's own
+cost per call is comparable. Above it the Python engine runs (with its reason)."""
+
 
 def python_policy_reason(config: AllocatorConfig, policy: EvictionPolicy) -> str | None:
     """Why the native engine cannot drive the Python object ``policy`` (None: it can).
@@ -124,8 +130,9 @@ def python_policy_reason(config: AllocatorConfig, policy: EvictionPolicy) -> str
     the transaction rule with its own checkpoint (DESIGN.md, "Native policies"). It needs
     the object's transactions (an ``EvictionPolicy`` subclass: a legacy policy keeps the
     Python engine's inverse-call journal), the hashes themselves (under wider hashes the
-    engine holds keys), and no hold on the Python engine's own state (a page-aware policy
-    reads its free list). ``auto`` (being ported) and ``belady`` (offline) stay Python by name.
+    engine holds keys), no hold on the Python engine's own state (a page-aware policy
+    reads its free list), and a pool of at most :data:`PYTHON_POLICY_MAX_BLOCKS`.
+    ``auto`` (being ported) and ``belady`` (offline) stay Python by name.
     Complexity: O(1).
     """
     cls = type(policy).__name__
@@ -139,6 +146,11 @@ def python_policy_reason(config: AllocatorConfig, policy: EvictionPolicy) -> str
         return f"a {cls} object caches nothing (ref_zero runs by name)"
     if config.hash_algo != "xxh3_64":
         return f"a {cls} object under hash_algo={config.hash_algo!r} would see keys, not hashes"
+    if config.total_count > PYTHON_POLICY_MAX_BLOCKS:
+        return (
+            f"a {cls} object needs a copy of the engine's state per call, too slow above "
+            f"{PYTHON_POLICY_MAX_BLOCKS:,} blocks"
+        )
     return None
 
 

@@ -37,6 +37,7 @@ from prefixcache.policies import (
 
 from prefixcache import KVBlockAllocator, PrefixCacheError, policies
 from prefixcache.engine.native_engine import native_available
+from prefixcache.engine.selection import PYTHON_POLICY_MAX_BLOCKS
 from prefixcache.testing import changed_fields, state_digest
 
 pytestmark = pytest.mark.skipif(
@@ -302,6 +303,10 @@ def test_a_policy_object_runs_natively_or_says_why(monkeypatch: pytest.MonkeyPat
         total_count=8, device="cpu", eviction_policy=LRUPolicy(), hash_algo="sha256"
     )
     assert wide.engine == "python" and "LRUPolicy" in wide.engine_reason
+    large = KVBlockAllocator(
+        total_count=PYTHON_POLICY_MAX_BLOCKS + 1, device="cpu", eviction_policy=LRUPolicy()
+    )
+    assert large.engine == "python" and "copy of the engine's state" in large.engine_reason
 
 
 def test_a_bad_victim_is_an_invariant_error_and_changes_nothing() -> None:
