@@ -53,6 +53,7 @@ Mapping (what a serving engine calls, in the order it calls it):
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import time
@@ -68,7 +69,7 @@ except ImportError:  # run from the peers' venv, where prefixcache is not instal
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import prefixcache
 
-from prefixcache import KVBlockAllocator
+from prefixcache import KVBlockAllocator, policies
 from prefixcache.engine.native_engine import native_available
 from prefixcache.engine.sessions import SessionHandle
 
@@ -294,6 +295,17 @@ def _megatron_dropin_adapter() -> type:
 
 
 _POLICY_ADAPTER = "PrefixCacheAdapter_"
+_PYTHON_POLICY_ADAPTER = "PrefixCachePythonAdapter_"  # the same on the Python engine
+_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_policy.py"
+
+
+def _register_example_policy(policy: str) -> None:
+    """Register ``examples/custom_policy.py``'s ``deepest_first`` when it is asked for."""
+    if policy != "deepest_first" or policy in policies.available():
+        return
+    spec = importlib.util.spec_from_file_location("custom_policy_example", _EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
 def __getattr__(name: str) -> Any:
@@ -302,13 +314,17 @@ def __getattr__(name: str) -> Any:
     ``MegatronDropInAdapter`` (it needs the harness and megatron-core), and
     ``PrefixCacheAdapter_<policy>`` for any policy name (W2/W3 with that eviction
     policy, e.g. ``--adapter benchmarks/peer_adapter.py:PrefixCacheAdapter_s3fifo``), so
-    one harness run times every policy side by side.
+    one harness run times every policy side by side; ``PrefixCachePythonAdapter_<policy>``
+    the same on the Python engine. ``deepest_first`` is ``examples/custom_policy.py``'s.
     """
     if name == "MegatronDropInAdapter":
         return _megatron_dropin_adapter()
-    if name.startswith(_POLICY_ADAPTER) and len(name) > len(_POLICY_ADAPTER):
-        policy = name[len(_POLICY_ADAPTER) :]
-        return type(
-            name, (PrefixCacheAdapter,), {"name": f"prefixcache-{policy}", "policy": policy}
-        )
+    for prefix, engine in ((_POLICY_ADAPTER, None), (_PYTHON_POLICY_ADAPTER, "python")):
+        if name.startswith(prefix) and len(name) > len(prefix):
+            policy = name[len(prefix) :]
+            _register_example_policy(policy)
+            label = f"prefixcache-{policy}" + ("@python" if engine else "")
+            return type(
+                name, (PrefixCacheAdapter,), {"name": label, "policy": policy, "engine": engine}
+            )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

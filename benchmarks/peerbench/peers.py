@@ -251,13 +251,15 @@ def load(name: str) -> Any:
     """The adapter for library ``name`` (one of :data:`PEERS`, or ``prefixcache-<policy>``).
 
     ``prefixcache-<policy>`` is ``peer_adapter.PrefixCacheAdapter_<policy>``: prefixcache
-    with that eviction policy on W2/W3 (W1 has no prefix caching, so no policy).
+    with that eviction policy on W2/W3 (W1 has no prefix caching, so no policy);
+    ``prefixcache-<policy>@python`` the same on the Python engine.
 
     Raises:
         NotInstalled: the library does not import here.
         NoMapping: it imports, but the workloads have no mapping onto it.
     """
-    if name.startswith(POLICY_PREFIX):
-        policy = name[len(POLICY_PREFIX) :]
-        return getattr(require_module("peer_adapter"), f"PrefixCacheAdapter_{policy}")()
+    if name.startswith(POLICY_PREFIX):  # prefixcache-<policy>[@python]
+        policy, _, engine = name[len(POLICY_PREFIX) :].partition("@")
+        kind = "PrefixCachePythonAdapter" if engine == "python" else "PrefixCacheAdapter"
+        return getattr(require_module("peer_adapter"), f"{kind}_{policy}")()
     return _FACTORIES[name]()

@@ -22,6 +22,7 @@ from types import ModuleType
 import numpy as np
 
 from prefixcache.engine.core import EngineCounters
+from prefixcache.policies import EvictionPolicy, has_hook
 
 _native: ModuleType | None
 _IMPORT_ERROR: str | None
@@ -93,6 +94,8 @@ class NativeEngine:
             of the allocator's salt); None for the default root.
         lowest_first: hand out the lowest free IDs first (``free_list="lowest"``).
         page_size: blocks per page of the lowest-first list (``page_size_blocks``).
+        policy_object: a Python policy object (an ``EvictionPolicy`` subclass) whose hooks
+            the engine calls instead of a native policy; ``policy_name`` then only names it.
     """
 
     name = "native"
@@ -112,8 +115,13 @@ class NativeEngine:
         root_hash: int | None = None,
         lowest_first: bool = False,
         page_size: int = 1,
+        policy_object: EvictionPolicy | None = None,
     ) -> None:
         module = native_module()
+        # A Python policy object: the engine calls its hooks (native/python_policy.cpp).
+        hooks = tuple(
+            hook for hook in ("evicts_first", "on_register") if has_hook(policy_object, hook)
+        )
         self.core = module.Engine(
             total_count,
             paused_count,
@@ -124,7 +132,10 @@ class NativeEngine:
             lowest_first,
             page_size,
             policy_options,
+            policy_object,
+            hooks,
         )
+        self.policy_object = policy_object
         self.policy_name = policy_name
         self.num_usable = total_count - 1
         self.paused_count = paused_count
@@ -223,6 +234,17 @@ class NativeEngine:
         return int(self.core.evict(num_blocks))
 
     def set_retention(self, block_hashes: list[int], priority: int, expires_at: int | None) -> None:
+        policy = self.policy_object
+        if policy is not None:  # engine state is untouched: only the object's transaction
+            policy.begin()
+            try:
+                for block_hash in block_hashes:
+                    policy.set_retention(block_hash, priority, expires_at)
+            except BaseException:
+                policy.abort()
+                raise
+            policy.commit()
+            return
         set_retention = self.core.set_retention  # a native policy never fails midway
         for block_hash in block_hashes:
             set_retention(block_hash, priority, expires_at)

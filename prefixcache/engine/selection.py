@@ -33,6 +33,7 @@ from prefixcache.policies import (
     ReuseLRUPolicy,
     S3FIFOPolicy,
     SLRUPolicy,
+    is_transactional,
 )
 
 ENGINE_ENV = "PREFIXCACHE_ENGINE"
@@ -113,18 +114,59 @@ def native_policy_spec(spec: object, policy: EvictionPolicy) -> tuple[str, dict[
     return name, options
 
 
+_PYTHON_ONLY = ("auto", "belady")  # built-in names kept on the Python engine (see below)
+
+PYTHON_POLICY_MAX_BLOCKS = 32_768
+"""The largest pool on which the native engine drives a policy object. Each engine call
+copies the engine's state first (``native/engine_checkpoint.h``, the transaction rule), about
+5-11 ns a block: 10 us at 2,048 blocks, 0.7 ms at 65,536, where the Python engine's own
+cost per call is comparable. Above it the Python engine runs (with its reason)."""
+
+
+def python_policy_reason(config: AllocatorConfig, policy: EvictionPolicy) -> str | None:
+    """Why the native engine cannot drive the Python object ``policy`` (None: it can).
+
+    The native engine calls a policy object's hooks through ``python_policy.cpp`` and keeps
+    the transaction rule with its own checkpoint (DESIGN.md, "Native policies"). It needs
+    the object's transactions (an ``EvictionPolicy`` subclass: a legacy policy keeps the
+    Python engine's inverse-call journal), the hashes themselves (under wider hashes the
+    engine holds keys), no hold on the Python engine's own state (a page-aware policy
+    reads its free list), and a pool of at most :data:`PYTHON_POLICY_MAX_BLOCKS`.
+    ``auto`` (being ported) and ``belady`` (offline) stay Python by name.
+    Complexity: O(1).
+    """
+    cls = type(policy).__name__
+    if config.eviction_policy in _PYTHON_ONLY:
+        return f"{config.eviction_policy!r} runs on the Python engine"
+    if not is_transactional(policy):
+        return f"a {cls} object follows the legacy protocol (no transactions)"
+    if callable(getattr(policy, "bind_free_counts", None)):
+        return f"a {cls} object reads the Python engine's free list"
+    if not getattr(policy, "retains_unreferenced", True):
+        return f"a {cls} object caches nothing (ref_zero runs by name)"
+    if config.hash_algo != "xxh3_64":
+        return f"a {cls} object under hash_algo={config.hash_algo!r} would see keys, not hashes"
+    if config.total_count > PYTHON_POLICY_MAX_BLOCKS:
+        return (
+            f"a {cls} object needs a copy of the engine's state per call, too slow above "
+            f"{PYTHON_POLICY_MAX_BLOCKS:,} blocks"
+        )
+    return None
+
+
 def native_unsupported_reason(config: AllocatorConfig, policy: EvictionPolicy) -> str | None:
     """Why the native engine cannot run ``config`` (None: it can). Complexity: O(1)."""
     if not native_available():
         return f"the extension is not built ({native_unavailable_reason()})"
-    if native_policy(config, policy) is None:
+    if native_policy(config, policy) is None and python_policy_reason(config, policy) is not None:
         spec = config.eviction_policy
         # A policy object by its class: one reason (and one log line) for all its instances.
         by_class = f"a {type(spec).__name__} object"
         named = repr(spec) if isinstance(spec, (str, Mapping)) else by_class
         return (
             f"it runs the policies {', '.join(NATIVE_POLICIES)} given by name (with numeric "
-            f"options), not {named}"
+            f"options) and policy objects it can drive, not {named}: "
+            f"{python_policy_reason(config, policy)}"
         )
     if config.total_count > 2**31 - 1:
         return "block IDs must fit in int32"
@@ -165,6 +207,21 @@ def build_engine(
         return _python_engine(config, policy, track_changes), "auto prefers the Python engine"
     reason = native_unsupported_reason(config, policy)
     named = native_policy(config, policy)
+    if reason is None and named is None:  # a policy object, its hooks called natively
+        engine = NativeEngine(
+            config.total_count,
+            config.paused_count,
+            type(policy).__name__,
+            policy_object=policy,
+            track_changes=track_changes,
+            block_size=config.block_size_tokens,
+            lowest_first=config.free_list == "lowest",
+            page_size=config.page_size_blocks,
+        )
+        return engine, (
+            f"the native engine is built and runs this configuration, calling the "
+            f"{type(policy).__name__} object's hooks"
+        )
     if reason is None and named is not None:
         salt_keys = [] if config.hash_salt is None else [config.hash_salt]
         # Other hashes than the native chain's (wider, or a custom function) get keys.

@@ -110,7 +110,16 @@ class SessionMethods:
             )
         engine = self._engine
         core = engine.core if getattr(engine, "fused", False) else None  # type: ignore[attr-defined]
-        if core is not None and not self._track_changes and self.enable_prefix_caching:
+        # A Python policy object's hooks can raise in any engine call of a turn; the native
+        # session's steps are not engine transactions, so such an engine keeps the Python
+        # Session (each of its facade calls is one).
+        python_policy = getattr(engine, "policy_object", None) is not None
+        if (
+            core is not None
+            and not python_policy
+            and not self._track_changes
+            and self.enable_prefix_caching
+        ):
             native: SessionHandle = native_module().Session(core)
             return native
         host: FacadeView = self  # type: ignore[assignment]  # mixed into the facade

@@ -54,11 +54,19 @@ def test_native_refuses_what_it_cannot_run(config: dict[str, object], reason: st
         KVBlockAllocator(total_count=8, device="cpu", engine="native", **config)
 
 
-def test_a_policy_object_keeps_the_python_engine() -> None:
-    with pytest.raises(ConfigError, match="runs the policies"):
-        KVBlockAllocator(total_count=8, device="cpu", eviction_policy=LRUPolicy(), engine="native")
-    auto = KVBlockAllocator(total_count=8, device="cpu", eviction_policy=LRUPolicy())
-    assert auto.engine == "python"
+def test_a_policy_object_runs_on_the_native_engine_through_its_hooks() -> None:
+    native = KVBlockAllocator(
+        total_count=8, device="cpu", eviction_policy=LRUPolicy(), engine="native"
+    )
+    assert native.engine == "native" and "LRUPolicy object's hooks" in native.engine_reason
+    with pytest.raises(ConfigError, match="would see keys"):
+        KVBlockAllocator(
+            total_count=8,
+            device="cpu",
+            eviction_policy=LRUPolicy(),
+            engine="native",
+            hash_algo="sha256",
+        )
 
 
 def test_environment_variable_overrides_auto(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,7 +103,9 @@ def test_a_fallback_says_why_and_is_logged_once_per_reason(
     with caplog.at_level("WARNING", logger="prefixcache.engine.selection"):
         first = KVBlockAllocator(total_count=8, device="cpu", eviction_policy="auto")
         KVBlockAllocator(total_count=8, device="cpu", eviction_policy="auto")
-        other = KVBlockAllocator(total_count=8, device="cpu", eviction_policy=LRUPolicy())
+        other = KVBlockAllocator(
+            total_count=8, device="cpu", eviction_policy=LRUPolicy(), hash_algo="sha256"
+        )
     assert first.engine == "python" and "not 'auto'" in first.engine_reason
     assert other.engine == "python" and "LRUPolicy" in other.engine_reason
     messages = [record.getMessage() for record in caplog.records]

@@ -42,6 +42,7 @@ enum class ErrorKind {
   kBudgetExceeded,
   kInvariant,
   kReentrantCall,
+  kPolicyRaised,  // a Python policy's hook raised: its exception is the pending Python error
 };
 
 struct EngineError {
@@ -70,6 +71,7 @@ class Engine {
   Engine(int32_t total_count, int32_t paused_count, std::unique_ptr<Policy> policy,
          bool track_changes, bool lowest_first = false, int32_t page_size = 1);
   Engine(const Engine&) = delete;
+  friend class EngineCheckpoint;  // saves and restores the state (engine_checkpoint.h)
   Engine& operator=(const Engine&) = delete;
 
   // ---- configuration and O(1) counters

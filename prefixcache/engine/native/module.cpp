@@ -32,6 +32,7 @@ namespace {
 PyObject* g_errors[10] = {};  // by ErrorKind
 
 PyObject* raise(ErrorKind kind, const std::string& message) {
+  if (kind == ErrorKind::kPolicyRaised) return nullptr;  // the policy's exception is set
   PyErr_SetString(g_errors[static_cast<int>(kind)], message.c_str());
   return nullptr;
 }

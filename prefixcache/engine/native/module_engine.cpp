@@ -13,6 +13,7 @@
 
 #include "block_hashing.h"
 #include "module_engine.h"
+#include "python_policy.h"
 
 namespace prefixcache {
 namespace {
@@ -25,6 +26,7 @@ void engine_dealloc(PyObject* py_self) {
   delete self->ids;
   delete self->hashes;
   delete self->tokens;
+  delete self->checkpoint;
   Py_TYPE(py_self)->tp_free(py_self);
 }
 
@@ -33,7 +35,7 @@ int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
   if (!guard.admitted()) return -1;
   static const char* keywords[] = {"total_count", "paused_count", "policy", "track_changes",
                                    "block_size", "root_hash", "lowest_first", "page_size",
-                                   "policy_options", nullptr};
+                                   "policy_options", "policy_object", "policy_hooks", nullptr};
   long long total_count = 0, paused_count = 0, block_size = 16;
   const char* policy = nullptr;
   int track_changes = 0;
@@ -41,10 +43,12 @@ int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
   int lowest_first = 0;
   long long page_size = 1;
   PyObject* policy_options = nullptr;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLsp|LOpLO", const_cast<char**>(keywords),
+  PyObject* policy_object = nullptr;  // a Python policy object (python_policy.h), or None
+  PyObject* policy_hooks = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLsp|LOpLOOO", const_cast<char**>(keywords),
                                    &total_count, &paused_count, &policy, &track_changes,
                                    &block_size, &root, &lowest_first, &page_size,
-                                   &policy_options)) {
+                                   &policy_options, &policy_object, &policy_hooks)) {
     return -1;
   }
   if (page_size < 1 || page_size > INT32_MAX || (page_size > 1 && !lowest_first)) {
@@ -61,7 +65,11 @@ int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
   }
   // ref_zero is a mode (nothing unreferenced is cached), not a policy.
   std::unique_ptr<Policy> built;
-  if (std::strcmp(policy, "ref_zero") != 0 &&
+  if (policy_object && policy_object != Py_None) {
+    built = make_python_policy(policy_object, static_cast<int32_t>(total_count),
+                               policy_hooks ? policy_hooks : Py_None);
+    if (!built) return -1;
+  } else if (std::strcmp(policy, "ref_zero") != 0 &&
       !native_build_policy(policy, static_cast<int32_t>(total_count), policy_options, &built)) {
     return -1;
   }
@@ -80,8 +88,11 @@ int engine_init(PyObject* py_self, PyObject* args, PyObject* kwargs) {
                                 static_cast<int32_t>(paused_count), std::move(built),
                                 track_changes != 0,
                                 lowest_first != 0, static_cast<int32_t>(page_size));
+    const bool transactional = engine->policy() && engine->policy()->transactional();
     delete self->engine;
     self->engine = engine;
+    delete self->checkpoint;
+    self->checkpoint = transactional ? new EngineCheckpoint() : nullptr;
     if (!self->ids) self->ids = new std::vector<int32_t>();
     if (!self->hashes) self->hashes = new std::vector<int64_t>();
     if (!self->tokens) self->tokens = new std::vector<int32_t>();
@@ -113,7 +124,9 @@ PyObject* engine_allocate(PyObject* py_self, PyObject* arg) {
   PyObject* ids = native_new_block_ids(static_cast<Py_ssize_t>(count), &data);
   if (!ids) return nullptr;
   try {
+    PolicyTransaction transaction(self->engine, self->checkpoint);
     engine.allocate(count, data);
+    transaction.commit();
   } catch (const EngineError& error) {
     Py_DECREF(ids);
     return native_raise(error.kind, error.message);

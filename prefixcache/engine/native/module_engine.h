@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "binding.h"
+#include "engine_checkpoint.h"
 
 namespace prefixcache {
 
@@ -24,6 +25,7 @@ struct EngineObject {
   int64_t layout_epoch;  // bumped by reset and relocation (what a native session checks)
   int64_t num_inits;     // __init__ calls: a native session belongs to one
   bool busy;  // a call is running (CallGuard)
+  EngineCheckpoint* checkpoint;  // a transactional (Python) policy's saved state; else null
 };
 
 /// The Engine type (module_engine.cpp), for the types that take an engine.
@@ -51,9 +53,12 @@ struct Tokens {
 /// error set otherwise (module_request.cpp).
 bool native_parse_tokens(EngineObject* self, PyObject* obj, Tokens* out);
 
+// The engine call in __VA_ARGS__ as a transaction (engine_checkpoint.h); errors raised.
 #define GUARD(...)                                             \
   try {                                                        \
+    PolicyTransaction transaction(self->engine, self->checkpoint); \
     __VA_ARGS__                                                \
+    transaction.commit();                                      \
   } catch (const EngineError& error) {                         \
     return native_raise(error.kind, error.message);            \
   } catch (const std::bad_alloc&) {                            \

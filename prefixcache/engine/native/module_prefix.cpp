@@ -86,10 +86,12 @@ FASTCALL(engine_register) {
     return nullptr;
   }
   try {
+    PolicyTransaction transaction(self->engine, self->checkpoint);
     self->engine->register_chain(self->ids->data(), self->hashes->data(), count, has_parent,
                                  parent_hash,
                                  reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(holds)),
                                  reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(fresh)));
+    transaction.commit();
   } catch (const EngineError& error) {
     Py_DECREF(holds);
     Py_DECREF(fresh);

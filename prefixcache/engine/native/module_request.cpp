@@ -2,6 +2,7 @@
 // full blocks, match, pin, evict, allocate, register, write the block-table row in one
 // call) and hash_tokens (a chain of block hashes, from the root or from a parent).
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -124,13 +125,18 @@ FASTCALL(engine_admit_request) {
   }
   std::vector<int64_t>& hashes = *self->hashes;
   int64_t num_hit = 0;
+  int32_t* out = static_cast<int32_t*>(row.buf);
+  std::vector<int32_t> saved;  // a Python policy can fail after the row is written
   try {
+    if (self->checkpoint) saved.assign(out, out + num_blocks);
     hashes.resize(num_full);
     chain_block_hashes(tokens, num_tokens, block_size, self->root,
                        reinterpret_cast<uint64_t*>(hashes.data()));
-    num_hit = self->engine->admit(hashes.data(), num_full, num_matchable, num_blocks,
-                                  static_cast<int32_t*>(row.buf));
+    PolicyTransaction transaction(self->engine, self->checkpoint);
+    num_hit = self->engine->admit(hashes.data(), num_full, num_matchable, num_blocks, out);
+    transaction.commit();
   } catch (const EngineError& error) {
+    std::copy(saved.begin(), saved.end(), out);  // the row as it was
     PyBuffer_Release(&row);
     return native_raise(error.kind, error.message);
   } catch (const std::bad_alloc&) {

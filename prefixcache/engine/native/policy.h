@@ -110,6 +110,18 @@ class Policy {
   virtual void bind(const EngineView* view) noexcept { (void)view; }
   /// An independent copy of the policy and all its history (a bound view is shared).
   virtual std::unique_ptr<Policy> clone() const = 0;
+
+  // ---- transactions (a policy that can fail: one written in Python, python_policy.h)
+  /// Whether calls can fail (throw EngineError), so the engine must run each of its
+  /// calls as a transaction (engine_checkpoint.h). Built-in policies: false, and they
+  /// pay nothing for the hooks below.
+  virtual bool transactional() const noexcept { return false; }
+  /// An engine call begins: the calls until commit() or abort() are one transaction.
+  virtual void begin() {}
+  /// The engine call succeeded: keep every change.
+  virtual void commit() {}
+  /// The engine call failed: return to the state at begin(). Must not throw.
+  virtual void abort() noexcept {}
 };
 
 /// The base of a policy class: clone() as its copy constructor, written once.
