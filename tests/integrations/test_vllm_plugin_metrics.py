@@ -13,6 +13,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -204,3 +205,21 @@ def test_without_vllm_the_error_names_the_versions(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ConfigError, match=r"needs vLLM 0\.33\.x \(tested: 0\.33\.0\)"):
         plugin.install("lru")
     assert plugin.TESTED_VERSIONS[0].startswith(plugin.SUPPORTED_VERSION + ".")
+
+
+def test_the_readme_matrix_and_ci_pin_the_versions_the_code_names() -> None:
+    """The README's version matrix and its integration block (what CI installs) agree with
+    ``SUPPORTED_VERSION`` / ``TESTED_VERSIONS`` and Megatron's ``SUPPORTED_VERSIONS``."""
+    from prefixcache.integrations.megatron import SUPPORTED_VERSIONS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    tested = ", ".join(plugin.TESTED_VERSIONS)
+    row = f"| vLLM plugin | vLLM {tested} (`TESTED_VERSIONS`) | vLLM {plugin.SUPPORTED_VERSION}.x"
+    assert row in readme
+    integration = readme[readme.index("## Integration tests") :]
+    for version in plugin.TESTED_VERSIONS:
+        assert f"vllm=={version}" in integration
+    (megatron,) = SUPPORTED_VERSIONS
+    pinned = integration.split("megatron-core==", 1)[1].split()[0]
+    assert pinned.startswith(megatron)
+    assert f"| megatron-core {pinned} | megatron-core {megatron}x (`SUPPORTED_VERSIONS`)" in readme
