@@ -38,11 +38,9 @@ name runs as its native unit (``_native.NativePolicy``, the policy of the compil
 engine: the same answers, call for call) unless the extension is not built or
 ``PREFIXCACHE_ENGINE=python``; a policy class or factory runs its Python object.
 
-Costs: ``append``/``remove``/``popleft`` O(1) plus the policy's O(log n). The blocks'
-``prev/next_free_block`` fields are written only by ``fake_free_list_head`` /
-``fake_free_list_tail`` (vLLM's tests walk them); those, ``get_all_free_blocks`` and
-``iter_blocks_after`` replay the order on a copy: O(n log n). Not thread-safe, as vLLM's
-queue (the scheduler owns its pool).
+Costs: ``append``/``remove``/``popleft`` O(1) plus the policy's O(log n); the views
+vLLM's tests read (``fake_free_list_head``, ``get_all_free_blocks``) replay the order on a
+copy, O(n log n). Not thread-safe, as vLLM's queue (the scheduler owns its pool).
 """
 
 from __future__ import annotations
@@ -172,12 +170,8 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
     _FACTORY.make_policy, _FACTORY.name = make_policy, name
     _FACTORY.fast_lru = type(sample) is policies.LRUPolicy
     _FACTORY.native = _native_queue_policy(name, isinstance(policy, str), options, sample)
-    if _FACTORY.fast_lru:
-        _FACTORY.runs = "inline lru queue"
-    elif _FACTORY.native is not None:
-        _FACTORY.runs = "native policy unit"
-    else:
-        _FACTORY.runs = "Python policy object"
+    runs = "native policy unit" if _FACTORY.native is not None else "Python policy object"
+    _FACTORY.runs = "inline lru queue" if _FACTORY.fast_lru else runs
     if block_pool.FreeKVCacheBlockQueue is not _FACTORY:
         _patch(block_pool, "FreeKVCacheBlockQueue", _FACTORY)
     pool_class = block_pool.BlockPool
@@ -187,7 +181,7 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
             _patch(pool_class, method, wrap(current))
     if scheduler is not None and not hasattr(scheduler.Scheduler.__init__, _MARK):
         _patch(scheduler.Scheduler, "__init__", _wrap_scheduler_init(scheduler.Scheduler.__init__))
-    vllm_metrics.metrics()  # made now, so that a scrape before the first pool sees the names
+    vllm_metrics.metrics()  # the families exist (and a name clash is logged) from now on
     # One line at start-up says what runs: a user reading vLLM's log sees the policy.
     _LOG.info(
         "prefixcache %s: vLLM %s block pools built from now on evict with policy %r (%s)",
@@ -353,8 +347,10 @@ def _wrap_touch(original: Callable[..., Any]) -> Callable[..., Any]:
         original(self, blocks)
         if queue is not None:
             queue.note_hits(blocks)
-            # Blocks touch took out of the free queue: hits on blocks the policy kept.
-            vllm_metrics.count(queue, hits=free - queue.num_free_blocks)
+            counts = getattr(queue, vllm_metrics.COUNTS, None)
+            if counts is not None:  # the blocks taken out of the free queue: policy hits
+                counts.hits += free - queue.num_free_blocks
+                counts.flush()
 
     setattr(touch, _MARK, original)
     return touch
@@ -384,6 +380,9 @@ def _wrap_cache_full_blocks(original: Callable[..., Any]) -> Callable[..., Any]:
         queue = _queue(self)
         if queue is not None:
             queue.note_registered(blocks, num_cached_blocks, num_full_blocks)
+            counts = getattr(queue, vllm_metrics.COUNTS, None)
+            if counts is not None:  # the step's evictions (get_new_blocks came before)
+                counts.flush()
 
     setattr(cache_full_blocks, _MARK, original)
     return cache_full_blocks
@@ -399,7 +398,9 @@ def _wrap_remove_hashes(original: Callable[..., Any]) -> Callable[..., Any]:
             elif removed and block.ref_cnt == 0:
                 # A victim: get_new_blocks drops the hash of a cached block popleft_n
                 # handed out (and forgot) before counting it in use.
-                vllm_metrics.count(queue, evictions=1)
+                counts = getattr(queue, vllm_metrics.COUNTS, None)
+                if counts is not None:
+                    counts.evictions += 1
         return removed
 
     setattr(_remove_cached_block_hashes, _MARK, original)

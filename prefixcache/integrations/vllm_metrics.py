@@ -38,18 +38,28 @@ engine core keeps them to itself.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from prefixcache.engine.version import installed_version
 
-__all__ = ["INFO", "LABELS", "PluginMetrics", "count", "labelled", "metrics", "track"]
+__all__ = [
+    "COUNTS",
+    "INFO",
+    "LABELS",
+    "PluginMetrics",
+    "PoolCounts",
+    "labelled",
+    "metrics",
+    "track",
+]
 
 INFO = "prefixcache_vllm_policy_info"
 HITS = "prefixcache_vllm_hit_blocks"  # prometheus_client adds _total to counters
 EVICTIONS = "prefixcache_vllm_evicted_blocks"
+COUNTS = "_prefixcache_counts"
+"""The attribute of a tracked queue that holds its :class:`PoolCounts`."""
 LABELS = ("model_name", "engine", "policy")
 """Labels of the two counters: vLLM's own two, then the policy."""
 
@@ -91,22 +101,40 @@ class PluginMetrics:
             LABELS,
             registry=registry,
         )
-        self._pools: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 
     def track(self, queue: Any, policy: str, runs: str) -> None:
-        """Count ``queue``'s hits and evictions under ``policy`` and this engine's labels."""
+        """Count ``queue``'s hits and evictions under ``policy`` and this engine's labels.
+
+        The counts wait in a :class:`PoolCounts` on the queue (attribute :data:`COUNTS`)."""
         labels = (*_engine_labels, policy)
         self.info.labels(*labels, runs, installed_version()).set(1)
-        self._pools[queue] = (self.hits.labels(*labels), self.evictions.labels(*labels))
+        counts = PoolCounts(self.hits.labels(*labels), self.evictions.labels(*labels))
+        setattr(queue, COUNTS, counts)
 
-    def count(self, queue: Any, hits: int = 0, evictions: int = 0) -> None:
-        """Add to ``queue``'s counters (nothing for a queue not tracked). O(1)."""
-        children = self._pools.get(queue)
-        if children is not None:
-            if hits:
-                children[0].inc(hits)
-            if evictions:
-                children[1].inc(evictions)
+
+class PoolCounts:
+    """A tracked queue's hits and evictions not yet added to its Prometheus counters.
+
+    The plugin's wrappers add plain ints here on vLLM's hot path (a Prometheus ``inc``
+    takes a lock, and writes a file in multiprocess mode) and :meth:`flush` them when
+    ``touch`` or ``cache_full_blocks`` returns: within the scheduler step.
+    """
+
+    __slots__ = ("_evicted", "_hit", "evictions", "hits")
+
+    def __init__(self, hit: Any, evicted: Any) -> None:
+        self.hits = 0
+        self.evictions = 0
+        self._hit, self._evicted = hit, evicted
+
+    def flush(self) -> None:
+        """Add the waiting counts to the counters. O(1)."""
+        if self.hits:
+            self._hit.inc(self.hits)
+            self.hits = 0
+        if self.evictions:
+            self._evicted.inc(self.evictions)
+            self.evictions = 0
 
 
 _metrics: PluginMetrics | None = None
@@ -153,9 +181,3 @@ def labelled(vllm_config: Any) -> Iterator[None]:
         yield
     finally:
         _engine_labels = saved
-
-
-def count(queue: Any, hits: int = 0, evictions: int = 0) -> None:
-    """:meth:`PluginMetrics.count` on the process's metrics, if there are any. O(1)."""
-    if _metrics is not None:
-        _metrics.count(queue, hits, evictions)
