@@ -107,6 +107,20 @@ def test_the_scheduler_wrapper_restores_the_labels_and_uninstall_restores_it(
     assert scheduler_class.__dict__["__init__"] is original
 
 
+def test_a_vllm_without_the_scheduler_module_gets_unlabelled_pools(
+    fake_vllm: Callable[..., Any], registry: CollectorRegistry
+) -> None:
+    module = fake_vllm("0.33.0")
+    (Path(module.__file__).parent / "sched" / "scheduler.py").unlink()
+    importlib.invalidate_caches()
+    plugin.install("lru")
+    assert len(plugin._patches) == 1 + len(plugin._WRAPPERS)  # no scheduler to wrap
+    pool = module.BlockPool(6)
+    serve(pool, chain(1, 2))
+    serve(pool, chain(1, 2))
+    assert counters(registry, "lru", "", "0") == [2, 0]
+
+
 def test_pools_built_before_install_are_not_counted(
     block_pool: Any, registry: CollectorRegistry
 ) -> None:
@@ -124,8 +138,10 @@ def test_without_prometheus_client_the_plugin_runs_and_exports_nothing(
     monkeypatch.setattr(vllm_metrics, "_metrics", None)
     monkeypatch.setattr(vllm_metrics, "_failed", False)
     plugin.install("slru")
-    pool = block_pool.BlockPool(6)
+    pool = block_pool.BlockPool(4)
     assert serve(pool, chain(1, 2)) == 0 and serve(pool, chain(1, 2)) == 2
+    assert serve(pool, chain(3, 4, 5)) == 0  # evicts: nothing to count it in
+    assert not hasattr(pool.free_block_queue, vllm_metrics.COUNTS)
     assert vllm_metrics.metrics() is None
     with pytest.raises(ImportError):
         vllm_metrics.PluginMetrics()
@@ -198,6 +214,15 @@ def test_a_0_33_whose_block_pool_differs_is_refused_before_anything_changes(
         module.FreeKVCacheBlockQueue
         is importlib.import_module("vllm.v1.core.kv_cache_utils").FreeKVCacheBlockQueue
     )
+
+
+def test_a_0_33_without_the_queue_name_is_refused(
+    fake_vllm: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(fake_vllm("0.33.0"), "FreeKVCacheBlockQueue")
+    with pytest.raises(ConfigError, match=r"has no FreeKVCacheBlockQueue, which"):
+        plugin.install("lru")
+    assert not plugin._patches
 
 
 def test_without_vllm_the_error_names_the_versions(monkeypatch: pytest.MonkeyPatch) -> None:
