@@ -28,7 +28,8 @@ What maps to what (DESIGN.md, "vLLM integration"):
   tail among the cached blocks (its key: its block ID), so ``"lru"`` keeps vLLM's
   order there too.
 - Events, metrics and the hash table stay vLLM's: its ``BlockRemoved`` events and
-  ``kv_cache_usage_perc`` report the policy's victims unchanged.
+  ``kv_cache_usage_perc`` report the policy's victims unchanged. The plugin adds
+  counters of its own, labelled with the policy (:mod:`.vllm_metrics`).
 
 The queue is :mod:`prefixcache.integrations.vllm_queue`; a policy that builds a plain
 ``LRUPolicy`` gets :mod:`prefixcache.integrations.vllm_lru`'s queue instead, the same
@@ -37,13 +38,9 @@ name runs as its native unit (``_native.NativePolicy``, the policy of the compil
 engine: the same answers, call for call) unless the extension is not built or
 ``PREFIXCACHE_ENGINE=python``; a policy class or factory runs its Python object.
 
-Costs: ``append``/``remove``/``popleft`` O(1) plus the policy's O(log n); the parent and
-child links are dict entries, the two free-order sections ordered dicts. The blocks'
-own ``prev/next_free_block`` fields are written only by ``fake_free_list_head`` /
-``fake_free_list_tail`` (vLLM's tests walk them), which link every free block in
-hand-out order; that, ``get_all_free_blocks`` and ``iter_blocks_after`` (tests, the
-simple KV offload connector) replay the order on a copy: O(n log n). Not thread-safe,
-as vLLM's queue (the scheduler owns its pool).
+Costs: ``append``/``remove``/``popleft`` O(1) plus the policy's O(log n); the views
+vLLM's tests read (``fake_free_list_head``, ``get_all_free_blocks``) replay the order on a
+copy, O(n log n). Not thread-safe, as vLLM's queue (the scheduler owns its pool).
 """
 
 from __future__ import annotations
@@ -61,6 +58,7 @@ from prefixcache.engine.native_engine import native_available, native_module
 from prefixcache.engine.selection import ENGINE_ENV, native_policy_spec
 from prefixcache.engine.version import installed_version
 from prefixcache.errors import ConfigError
+from prefixcache.integrations import vllm_metrics
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue, policy_hash
 from prefixcache.policies import EvictionPolicy, UnknownPolicyError, has_hook
@@ -69,6 +67,7 @@ __all__ = [
     "OPTIONS_ENV",
     "POLICY_ENV",
     "SUPPORTED_VERSION",
+    "TESTED_VERSIONS",
     "PolicyFreeBlockQueue",
     "install",
     "installed_policy",
@@ -79,6 +78,10 @@ __all__ = [
 
 SUPPORTED_VERSION = "0.33"
 """The vLLM minor version whose ``BlockPool`` this adapter knows (0.33.x)."""
+
+TESTED_VERSIONS = ("0.33.0",)
+"""The vLLM releases CI's integration stage runs the plugin against (README, "Integration
+tests"); any other 0.33.x is supported, and untested until it is listed here."""
 
 POLICY_ENV = "PREFIXCACHE_VLLM_POLICY"
 """Environment variable the plugin reads: a policy name; unset or empty installs nothing."""
@@ -110,6 +113,7 @@ class _QueueFactory:
 
     def __init__(self) -> None:
         self.name = ""
+        self.runs = "inline lru queue"  # what runs the policy: the log line, a metric label
         self.make_policy: Callable[[], EvictionPolicy] = policies.LRUPolicy
         self.fast_lru = True
         # A built-in policy by name runs as a native policy unit in the queue: the
@@ -117,14 +121,18 @@ class _QueueFactory:
         self.native: tuple[str, dict[str, float], bool] | None = None
 
     def __call__(self, blocks: list[Any]) -> PolicyFreeBlockQueue:
+        queue: PolicyFreeBlockQueue
         if self.fast_lru:
-            return LruFreeBlockQueue(blocks)
-        if self.native is not None:
+            queue = LruFreeBlockQueue(blocks)
+        elif self.native is not None:
             name, options, on_register = self.native
             num_blocks = 1 + max((block.block_id for block in blocks), default=0)
             policy = native_module().NativePolicy(name, num_blocks, options)
-            return PolicyFreeBlockQueue(blocks, policy, on_register=on_register)
-        return PolicyFreeBlockQueue(blocks, self.make_policy())
+            queue = PolicyFreeBlockQueue(blocks, policy, on_register=on_register)
+        else:
+            queue = PolicyFreeBlockQueue(blocks, self.make_policy())
+        vllm_metrics.track(queue, self.name, self.runs)
+        return queue
 
 
 @dataclass
@@ -151,17 +159,19 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
         **options: keyword arguments for the policy's constructor.
 
     Raises:
-        ConfigError: unknown or unusable policy, bad options, vLLM missing or not
-            0.33.x. Nothing is changed then.
+        ConfigError: unknown or unusable policy, bad options, vLLM missing, not
+            0.33.x, or without a method the plugin wraps. Nothing is changed then.
 
     Complexity: O(1).
     """
     make_policy, name = _policy_factory(policy, dict(options))
-    block_pool = _block_pool_module()
+    block_pool, scheduler = _vllm_modules()
     sample = make_policy()
     _FACTORY.make_policy, _FACTORY.name = make_policy, name
     _FACTORY.fast_lru = type(sample) is policies.LRUPolicy
     _FACTORY.native = _native_queue_policy(name, isinstance(policy, str), options, sample)
+    runs = "native policy unit" if _FACTORY.native is not None else "Python policy object"
+    _FACTORY.runs = "inline lru queue" if _FACTORY.fast_lru else runs
     if block_pool.FreeKVCacheBlockQueue is not _FACTORY:
         _patch(block_pool, "FreeKVCacheBlockQueue", _FACTORY)
     pool_class = block_pool.BlockPool
@@ -169,19 +179,16 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
         current = pool_class.__dict__[method]
         if not hasattr(current, _MARK):
             _patch(pool_class, method, wrap(current))
+    if scheduler is not None and not hasattr(scheduler.Scheduler.__init__, _MARK):
+        _patch(scheduler.Scheduler, "__init__", _wrap_scheduler_init(scheduler.Scheduler.__init__))
+    vllm_metrics.metrics()  # the families exist (and a name clash is logged) from now on
     # One line at start-up says what runs: a user reading vLLM's log sees the policy.
-    if _FACTORY.fast_lru:
-        runs = "inline lru queue"
-    elif _FACTORY.native is not None:
-        runs = "native policy unit"
-    else:
-        runs = "Python policy object"
     _LOG.info(
         "prefixcache %s: vLLM %s block pools built from now on evict with policy %r (%s)",
         installed_version(),
         getattr(importlib.import_module("vllm"), "__version__", "unknown"),
         name,
-        runs,
+        _FACTORY.runs,
     )
 
 
@@ -281,21 +288,40 @@ def _native_queue_policy(
     return spec[0], spec[1], has_hook(sample, "on_register")
 
 
-def _block_pool_module() -> Any:
-    """``vllm.v1.core.block_pool``, once vLLM is known to be 0.33.x."""
+def _vllm_modules() -> tuple[Any, Any]:
+    """``vllm.v1.core.block_pool`` and the scheduler's module, once vLLM is 0.33.x.
+
+    The scheduler's module (None where it does not import) only labels the metrics.
+    """
+    supported = f"vLLM {SUPPORTED_VERSION}.x (tested: {', '.join(TESTED_VERSIONS)})"
+    advice = f"install vllm=={SUPPORTED_VERSION}.*, or unset {POLICY_ENV} to run vLLM without it"
     try:
         vllm = importlib.import_module("vllm")
     except ImportError as exc:
-        raise ConfigError(
-            f"prefixcache's vLLM plugin needs vLLM {SUPPORTED_VERSION}.x: {exc}"
-        ) from exc
+        raise ConfigError(f"prefixcache's vLLM plugin needs {supported}: {exc}") from exc
     version = str(getattr(vllm, "__version__", "unknown"))
     if version.split(".")[:2] != SUPPORTED_VERSION.split("."):
         raise ConfigError(
-            f"prefixcache's vLLM plugin supports vLLM {SUPPORTED_VERSION}.x only; "
-            f"this is vLLM {version} (its block pool may differ: pin vllm=={SUPPORTED_VERSION}.*)"
+            f"prefixcache {installed_version()}'s vLLM plugin supports {supported} only; "
+            f"this is vLLM {version}, whose block pool may differ: {advice}"
         )
-    return importlib.import_module("vllm.v1.core.block_pool")
+    block_pool = importlib.import_module("vllm.v1.core.block_pool")
+    pool_class = getattr(block_pool, "BlockPool", None)
+    missing = [
+        f"BlockPool.{name}" for name in _WRAPPERS if name not in getattr(pool_class, "__dict__", {})
+    ]
+    if not hasattr(block_pool, "FreeKVCacheBlockQueue"):
+        missing.insert(0, "FreeKVCacheBlockQueue")
+    if missing:
+        raise ConfigError(
+            f"vLLM {version}'s vllm.v1.core.block_pool has no {', '.join(missing)}, which "
+            f"prefixcache's vLLM plugin replaces ({supported} has them): {advice}"
+        )
+    try:
+        scheduler = importlib.import_module("vllm.v1.core.sched.scheduler")
+    except ImportError:
+        scheduler = None
+    return block_pool, scheduler
 
 
 def _patch(owner: Any, name: str, value: Any) -> None:
@@ -316,10 +342,15 @@ def _queue(pool: Any) -> PolicyFreeBlockQueue | None:
 def _wrap_touch(original: Callable[..., Any]) -> Callable[..., Any]:
     def touch(self: Any, blocks: Sequence[Any]) -> None:
         blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
-        original(self, blocks)
         queue = _queue(self)
+        free = queue.num_free_blocks if queue is not None else 0
+        original(self, blocks)
         if queue is not None:
             queue.note_hits(blocks)
+            counts = getattr(queue, vllm_metrics.COUNTS, None)
+            if counts is not None:  # the blocks taken out of the free queue: policy hits
+                counts.hits += free - queue.num_free_blocks
+                counts.flush()
 
     setattr(touch, _MARK, original)
     return touch
@@ -349,6 +380,9 @@ def _wrap_cache_full_blocks(original: Callable[..., Any]) -> Callable[..., Any]:
         queue = _queue(self)
         if queue is not None:
             queue.note_registered(blocks, num_cached_blocks, num_full_blocks)
+            counts = getattr(queue, vllm_metrics.COUNTS, None)
+            if counts is not None:  # the step's evictions (get_new_blocks came before)
+                counts.flush()
 
     setattr(cache_full_blocks, _MARK, original)
     return cache_full_blocks
@@ -358,9 +392,15 @@ def _wrap_remove_hashes(original: Callable[..., Any]) -> Callable[..., Any]:
     def _remove_cached_block_hashes(self: Any, block: Any) -> Any:
         removed = original(self, block)
         queue = self.free_block_queue
-        # Per victim (get_new_blocks): a victim popleft_n already forgot is skipped here.
-        if isinstance(queue, PolicyFreeBlockQueue) and queue.knows(block.block_id):
-            queue.note_hash_removed(block)
+        if isinstance(queue, PolicyFreeBlockQueue):
+            if queue.knows(block.block_id):
+                queue.note_hash_removed(block)
+            elif removed and block.ref_cnt == 0:
+                # A victim: get_new_blocks drops the hash of a cached block popleft_n
+                # handed out (and forgot) before counting it in use.
+                counts = getattr(queue, vllm_metrics.COUNTS, None)
+                if counts is not None:
+                    counts.evictions += 1
         return removed
 
     setattr(_remove_cached_block_hashes, _MARK, original)
@@ -388,6 +428,18 @@ def _wrap_reset(original: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(reset_prefix_cache, _MARK, original)
     return reset_prefix_cache
+
+
+def _wrap_scheduler_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's scheduler builds its block pools: they get its model and engine labels."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        config = kwargs["vllm_config"] if "vllm_config" in kwargs else (args or (None,))[0]
+        with vllm_metrics.labelled(config):
+            original(self, *args, **kwargs)
+
+    setattr(__init__, _MARK, original)
+    return __init__
 
 
 _WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {

@@ -15,7 +15,9 @@ Sections:
 - **Hosts' request steps** (:mod:`~prefixcache.testing.vllm_pool`,
   :mod:`~prefixcache.testing.megatron_requests`): a request through vLLM's
   ``BlockPool`` and Megatron's ``add_request`` bookkeeping, as their engines
-  do it, for testing and timing the integrations.
+  do it, for testing and timing the integrations; :mod:`~prefixcache.testing.fake_vllm`,
+  a vLLM 0.33 block pool, queue and scheduler written to a folder, for testing the
+  vLLM plugin where vLLM is not installed.
 - **Pages** (:mod:`~prefixcache.testing.pages`): a fragmented full pool and its
   count of whole free pages, for page-aware eviction.
 
