@@ -77,6 +77,8 @@ class MegatronCompatAllocator(MegatronKVBlockAllocator):
         self._bag_tensor = torch.arange(self.total_count, dtype=torch.int32)
         self._bag = self._bag_tensor.numpy()
         self._total_avail = self.total_count - 1
+        self._stacked = np.ones(self.total_count, dtype=np.bool_)  # in block_bag[:total_avail]
+        self._stacked[-1] = False
         self._m2e = np.full(self.total_count, -1, dtype=np.int64)
         self._e2m = np.full(self.total_count, -1, dtype=np.int64)
 
@@ -131,12 +133,15 @@ class MegatronCompatAllocator(MegatronKVBlockAllocator):
                     f"total_avail {value} would expose block_bag[{self._total_avail}:{value}] "
                     f"= {shown.tolist()}: IDs in use or already free"
                 )
+        low, high = sorted((value, self._total_avail))
+        self._stacked[self._bag[low:high]] = value > self._total_avail
         self._total_avail = value
 
     def _push(self, megatron_ids: np.ndarray) -> None:
         """Megatron's push: ``block_bag[total_avail:total_avail + k] = ids``."""
         start = self._total_avail
         self._bag[start : start + len(megatron_ids)] = megatron_ids
+        self._stacked[megatron_ids] = True
         self._total_avail = start + len(megatron_ids)
 
     def _bind(self, megatron_ids: np.ndarray, engine_ids: np.ndarray) -> None:
@@ -205,6 +210,7 @@ class MegatronCompatAllocator(MegatronKVBlockAllocator):
                 raise InvariantError("the backing allocator is short of free blocks")
             self._bind(fresh, engine_ids.numpy().astype(np.int64))
         self._total_avail = start
+        self._stacked[ids] = False
         if self.enable_prefix_caching and num_blocks:
             self._refs[ids] = 1
             if self._is_lru:
@@ -256,7 +262,7 @@ class MegatronCompatAllocator(MegatronKVBlockAllocator):
             self._stamps[ids] = 0
         self._hashes[ids] = -1
         self._refs[ids] = 0
-        on_stack = np.isin(ids, self._bag[: self._total_avail])
+        on_stack = self._stacked[ids]
         self._unbind(ids)
         self._push(ids[~on_stack])
 
@@ -265,6 +271,7 @@ class MegatronCompatAllocator(MegatronKVBlockAllocator):
         super().reset()
         self._bag[:] = np.arange(self.total_count, dtype=np.int32)
         self._total_avail = self.total_count - 1
+        self._stacked[:-1] = True
         self._m2e.fill(-1)
         self._e2m.fill(-1)
 
@@ -353,6 +360,8 @@ class MegatronCompatAllocator(MegatronKVBlockAllocator):
         problems = []
         if np.unique(bag).size != bag.size or (bag == self.dummy_block_idx).any():
             problems.append("block_bag[:total_avail] repeats an ID or holds the dummy")
+        if self._stacked.sum() != bag.size or not self._stacked[bag].all():
+            problems.append("the on-stack marks differ from block_bag[:total_avail]")
         bound = np.flatnonzero(self._m2e[:-1] >= 0)
         if (self._e2m[self._m2e[bound]] != bound).any():
             problems.append("the renaming is not a bijection")
