@@ -178,3 +178,24 @@ def test_the_strict_class_is_unchanged() -> None:
         strict.total_avail = 3  # type: ignore[misc]
     with pytest.raises(BlockStateError):
         strict.register_kv_block_hashes([3], [33])
+
+
+def test_a_pin_on_a_free_block_raises_and_changes_nothing() -> None:
+    allocator = build("lru")
+    with pytest.raises(BlockStateError):
+        allocator.block_ref_counts[torch.tensor([2])] += 1
+    assert allocator.block_ref_counts[2] == 0 and allocator.total_avail == 8
+
+
+def test_a_pin_and_its_rollback_on_a_cached_chain() -> None:
+    allocator = build("lru")
+    blocks = allocator.allocate_memory_blocks(2)
+    assert blocks is not None
+    allocator.register_kv_block_hashes(blocks.tolist(), [1, 2], [0, 1])
+    allocator.release_memory_blocks(blocks.clone())
+    chain = torch.tensor([6, 7])
+    allocator.block_ref_counts[chain] += 1  # the context pins a match
+    assert int(allocator.get_evictable_block_count()) == 0 and not allocator.evict_lru_blocks(1)
+    allocator.block_ref_counts[chain] -= 1  # and rolls it back
+    assert int(allocator.get_evictable_block_count()) == 2 and allocator.total_avail == 6
+    allocator.check_consistency()

@@ -15,7 +15,10 @@ covered and why: DESIGN.md, "Megatron-core drop-in"), and runs every state chang
 through a :class:`~prefixcache.KVBlockAllocator` (O(log n) eviction instead
 of Megatron's scan of the whole pool, every prefixcache policy, KV events,
 statistics). :func:`install` makes Megatron's modules build it; :func:`attach`
-switches one existing context.
+switches one existing context. Both build it in compat mode by default
+(:class:`MegatronCompatAllocator`: Megatron's block IDs, free stack and
+accepted calls, for a host whose tests rely on them); ``strict=True`` builds
+:class:`MegatronKVBlockAllocator` itself.
 
 Who owns what (DESIGN.md, "Megatron-core drop-in"): the prefixcache
 allocator is authoritative. The tensors and the dict are mirrors that this
