@@ -15,12 +15,18 @@ from typing import Any
 import pytest
 import torch
 
-from prefixcache.errors import BlockStateError, InvalidArgumentError, ReferenceCountError
+from prefixcache.errors import (
+    BlockStateError,
+    InvalidArgumentError,
+    InvariantError,
+    ReferenceCountError,
+)
 from prefixcache.integrations.megatron import (
     MegatronCompatAllocator,
     MegatronKVBlockAllocator,
     PrefixCachePolicy,
 )
+from prefixcache.integrations.megatron.compat_policy import MegatronOrderPolicy
 
 
 class Context:
@@ -199,3 +205,88 @@ def test_a_pin_and_its_rollback_on_a_cached_chain() -> None:
     allocator.block_ref_counts[chain] -= 1  # and rolls it back
     assert int(allocator.get_evictable_block_count()) == 2 and allocator.total_avail == 6
     allocator.check_consistency()
+
+
+def test_megatrons_availability_test_and_counts() -> None:
+    allocator = build("lru")
+    blocks = allocator.allocate_memory_blocks(8)
+    assert blocks is not None and allocator.get_total_used() == 8
+    assert not allocator.is_memory_available(1)
+    allocator.register_kv_block_hashes(blocks[:2].tolist(), [1, 2], [0, 1])
+    allocator.release_memory_blocks(blocks.clone())  # 2 cached, 6 back on the stack
+    assert allocator.is_memory_available(8) and not allocator.is_memory_available(8, 1)
+    assert not build("ref_zero").is_memory_available(9)
+    plain = build("ref_zero", caching=False)
+    assert int(plain.get_evictable_block_count()) == 0 and not plain.evict_lru_blocks(1)
+    plain.register_kv_block_hashes([0], [1])  # no caching: nothing happens, as Megatron
+    plain.update_timestamps(torch.tensor([0]))
+    plain.release_memory_blocks(torch.tensor([], dtype=torch.int32))
+    assert plain.evict_lru_blocks(0)
+
+
+def test_touching_a_cached_leaf_moves_it_in_megatrons_order() -> None:
+    allocator = build("lru")
+    blocks = allocator.allocate_memory_blocks(2)
+    assert blocks is not None
+    allocator.register_kv_block_hashes(blocks.tolist(), [1, 2])  # two roots, 6 and 7
+    allocator.release_memory_blocks(blocks.clone())
+    allocator.context.prefix_cache_lru_clock = 5
+    allocator.update_timestamps(torch.tensor([6]))  # 6 is now the newer
+    assert allocator.evict_lru_blocks(1) and allocator.kv_hash_to_block_id == {1: 6}
+    allocator.reset()
+    assert allocator.kv_hash_to_block_id == {} and allocator.evict_lru_blocks(0)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a: a.register_kv_block_hashes([8], [1]),  # the dummy
+        lambda a: a.release_memory_blocks(torch.tensor([-1])),
+        lambda a: a.update_timestamps(torch.tensor([9])),
+    ],
+)
+def test_ids_outside_the_pool_raise(call: Any) -> None:
+    allocator = build("lru")
+    with pytest.raises(InvalidArgumentError):
+        call(allocator)
+    allocator.check_consistency()
+
+
+def test_check_consistency_finds_a_broken_stack() -> None:
+    allocator = build("lru")
+    allocator.allocate_memory_blocks(1)
+    allocator.block_bag[0] = 1  # a caller's write: ID 1 twice on the stack
+    with pytest.raises(InvariantError, match="repeats"):
+        allocator.check_consistency()
+
+
+def test_a_failed_touch_leaves_the_timestamps() -> None:
+    allocator = build("lru")
+    blocks = allocator.allocate_memory_blocks(1)
+    assert blocks is not None
+    allocator.context.prefix_cache_lru_clock = 3
+
+    def refuse(block_ids: Any) -> None:
+        raise BlockStateError("refused")
+
+    allocator.allocator.update_timestamps = refuse  # type: ignore[method-assign]
+    with pytest.raises(BlockStateError):
+        allocator.update_timestamps(torch.tensor([7, 2]))
+    assert allocator.block_timestamps[[7, 2]].tolist() == [0, 0]
+
+
+def test_megatrons_order_policy_undoes_a_transaction() -> None:
+    stamps = {10: (3, 1), 11: (3, 0), 12: (1, 5)}  # engine ID -> (timestamp, Megatron ID)
+    policy = MegatronOrderPolicy(stamps.__getitem__)
+    policy.insert(10, 0, 0, 1, 0)
+    policy.insert(11, 0, 0, 1, 0)
+    policy.begin()
+    policy.insert(12, 0, 0, 1, 0)
+    stamps[11] = (9, 0)
+    policy.touch(11, 0)
+    assert policy.evict(3) == [12, 10, 11]
+    policy.abort()
+    assert len(policy) == 2 and 12 not in policy
+    assert policy.evict(2) == [11, 10]  # the ties by Megatron's ID again, as before the touch
+    policy.clear()
+    assert len(policy) == 0
