@@ -29,7 +29,7 @@ Python engine, both for comparison in the same run.
 ``megatron-core`` peer, the same calls in the same order, with Megatron's
 ``KVBlockAllocator`` replaced by the drop-in
 (:class:`prefixcache.integrations.megatron.MegatronKVBlockAllocator`): what a
-Megatron user gets from ``install()``. It subclasses the harness's
+Megatron user gets from ``install(strict=True)``. It subclasses the harness's
 ``MegatronAdapter``, so it is built on first access (a module
 ``__getattr__``) and only where the harness and megatron-core import::
 

@@ -3,8 +3,10 @@
 Needs megatron-core 0.19 (``../shared/bench/README.md`` installs it for CPU). Run
 ``python examples/megatron_dynamic_context.py`` from the repository root.
 
-One ``megatron.install()`` makes Megatron's own ``DynamicInferenceContext`` build
-prefixcache's drop-in allocator; nothing else in Megatron changes. The loop is
+One ``megatron.install(strict=True)`` makes Megatron's own ``DynamicInferenceContext``
+build prefixcache's drop-in allocator in strict mode (its own free order and the native
+fast paths; plain ``install()`` is compat mode, with Megatron's block IDs); nothing else
+in Megatron changes. The loop is
 Megatron's (``add_request`` matches and pins cached prefix blocks, ``update_requests``
 runs a decode step, pausing, resuming and finishing requests), run on one workload
 with Megatron's allocator, the drop-in with LRU, and the drop-in with s3fifo. Each
@@ -150,7 +152,7 @@ def main() -> None:
     requests = workload(300)
     print(f"{len(requests)} requests, {NUM_BLOCKS} blocks of {BLOCK_SIZE} tokens")
     print(serve("megatron-core KVBlockAllocator", config.PrefixCachingEvictionPolicy.LRU, requests))
-    megatron.install()  # from here on, Megatron's context builds prefixcache's allocator
+    megatron.install(strict=True)  # from here on, Megatron's context builds the drop-in
     print(serve("prefixcache drop-in", config.PrefixCachingEvictionPolicy.LRU, requests))
     print(serve("prefixcache drop-in", megatron.PrefixCachePolicy("s3fifo"), requests))
     megatron.uninstall()

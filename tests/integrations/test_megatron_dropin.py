@@ -28,7 +28,11 @@ from prefixcache.errors import (
     ReferenceCountError,
 )
 from prefixcache.integrations import megatron
-from prefixcache.integrations.megatron import MegatronKVBlockAllocator, PrefixCachePolicy
+from prefixcache.integrations.megatron import (
+    MegatronCompatAllocator,
+    MegatronKVBlockAllocator,
+    PrefixCachePolicy,
+)
 from prefixcache.testing.megatron_requests import add_request
 
 LRU_ONLY = ("block_timestamps", "block_parent_id", "block_child_count")
@@ -436,13 +440,13 @@ def test_install_replaces_every_binding_and_uninstall_puts_them_back(
     original, bound = _fake_megatron(monkeypatch)
     with pytest.raises(ConfigError, match="unknown options"):
         megatron.install(colour="red")
-    with megatron.installed(cached_policy="fifo", engine="python"):
+    with megatron.installed(strict=True, cached_policy="fifo", engine="python"):
         assert all(module.KVBlockAllocator is MegatronKVBlockAllocator for module in bound)
         _, allocator = build("lru")
         assert type(allocator.allocator.policy).__name__ == "FIFOPolicy"
         assert allocator.allocator.engine == "python"
-        megatron.install()  # again: new options, the same bindings
-        assert all(module.KVBlockAllocator is MegatronKVBlockAllocator for module in bound)
+        megatron.install()  # again: new options and the default, compat mode, bound everywhere
+        assert all(module.KVBlockAllocator is MegatronCompatAllocator for module in bound)
         assert type(build("lru")[1].allocator.policy).__name__ == "LRUPolicy"
     assert all(module.KVBlockAllocator is original for module in bound)
     _, allocator = build("lru")

@@ -15,7 +15,10 @@ covered and why: DESIGN.md, "Megatron-core drop-in"), and runs every state chang
 through a :class:`~prefixcache.KVBlockAllocator` (O(log n) eviction instead
 of Megatron's scan of the whole pool, every prefixcache policy, KV events,
 statistics). :func:`install` makes Megatron's modules build it; :func:`attach`
-switches one existing context.
+switches one existing context. Both build it in compat mode by default
+(:class:`MegatronCompatAllocator`: Megatron's block IDs, free stack and
+accepted calls, for a host whose tests rely on them); ``strict=True`` builds
+:class:`MegatronKVBlockAllocator` itself.
 
 Who owns what (DESIGN.md, "Megatron-core drop-in"): the prefixcache
 allocator is authoritative. The tensors and the dict are mirrors that this
@@ -50,6 +53,7 @@ from typing import Any
 
 from prefixcache.errors import ConfigError
 from prefixcache.integrations.megatron.allocator import MegatronKVBlockAllocator
+from prefixcache.integrations.megatron.compat import MegatronCompatAllocator
 from prefixcache.integrations.megatron.options import (
     _OPTION_KEYS,
     SUPPORTED_VERSIONS,
@@ -59,6 +63,7 @@ from prefixcache.integrations.megatron.options import (
 
 __all__ = [
     "SUPPORTED_VERSIONS",
+    "MegatronCompatAllocator",
     "MegatronKVBlockAllocator",
     "PrefixCachePolicy",
     "attach",
@@ -87,13 +92,21 @@ def check_version() -> str:
     return version
 
 
-def install(**options: Any) -> None:
+def _class_of(strict: bool) -> type[MegatronKVBlockAllocator]:
+    return MegatronKVBlockAllocator if strict else MegatronCompatAllocator
+
+
+def install(*, strict: bool = False, **options: Any) -> None:
     """Make every loaded Megatron module that bound ``KVBlockAllocator`` build the drop-in.
 
-    Call it before building a ``DynamicInferenceContext``. ``options`` become
-    the drop-in's defaults (``cached_policy``, ``engine``,
+    Call it before building a ``DynamicInferenceContext``. By default the
+    drop-in is :class:`MegatronCompatAllocator` (compat mode: Megatron's
+    block IDs, writable ``total_avail``, registration on free blocks);
+    ``strict=True`` installs :class:`MegatronKVBlockAllocator` (prefixcache's
+    free order, every misuse refused, the native fast paths). ``options``
+    become the drop-in's defaults (``cached_policy``, ``engine``,
     ``kv_events_capacity``, ``kv_events_medium``, ``device``, ``hash_algo``).
-    Calling it again replaces the options. Undo with :func:`uninstall`.
+    Calling it again replaces the mode and options. Undo with :func:`uninstall`.
 
     Raises:
         ConfigError: megatron-core is missing or not a supported version, or
@@ -103,18 +116,16 @@ def install(**options: Any) -> None:
     unknown = sorted(set(options) - {"cached_policy", *_OPTION_KEYS})
     if unknown:
         raise ConfigError(f"unknown options {unknown}; valid: {['cached_policy', *_OPTION_KEYS]}")
-    _installed_options.clear()
+    uninstall()  # installed already: start from Megatron's own class
     _installed_options.update(options)
     defining = importlib.import_module("megatron.core.inference.contexts.kv_block_allocator")
     original = defining.KVBlockAllocator
-    if original is MegatronKVBlockAllocator:  # installed already: find what was replaced
-        original = _replaced[0][1]
     for module in list(sys.modules.values()):
         if getattr(module, "__name__", "").startswith("megatron") and (
             getattr(module, "KVBlockAllocator", None) is original
         ):
             _replaced.append((module, original))
-            setattr(module, "KVBlockAllocator", MegatronKVBlockAllocator)  # noqa: B010
+            setattr(module, "KVBlockAllocator", _class_of(strict))  # noqa: B010
 
 
 def uninstall() -> None:
@@ -126,17 +137,19 @@ def uninstall() -> None:
 
 
 @contextmanager
-def installed(**options: Any) -> Iterator[None]:
+def installed(*, strict: bool = False, **options: Any) -> Iterator[None]:
     """:func:`install` for the ``with`` block, then :func:`uninstall`."""
-    install(**options)
+    install(strict=strict, **options)
     try:
         yield
     finally:
         uninstall()
 
 
-def attach(context: Any, **options: Any) -> MegatronKVBlockAllocator:
+def attach(context: Any, *, strict: bool = False, **options: Any) -> MegatronKVBlockAllocator:
     """Switch one existing context to the drop-in, keeping its sizes, mode and callback.
+
+    Compat mode (:class:`MegatronCompatAllocator`) unless ``strict=True``, as :func:`install`.
 
     Raises:
         ConfigError: the context's allocator holds blocks (switch before serving).
@@ -144,7 +157,7 @@ def attach(context: Any, **options: Any) -> MegatronKVBlockAllocator:
     old = context.kv_block_allocator
     if old.get_total_used():
         raise ConfigError(f"the context's allocator holds {old.get_total_used()} blocks")
-    new = MegatronKVBlockAllocator(
+    new = _class_of(strict)(
         context,
         total_count=old.total_count,
         paused_count=old.paused_count,

@@ -116,7 +116,7 @@ class MegatronKVBlockAllocator(MirrorMethods, RoutingMethods):
                 total_count=total_count,
                 block_size_tokens=int(getattr(context, "block_size_tokens", 16)),
                 enable_prefix_caching=enable_prefix_caching,
-                eviction_policy=spec if caches else _REF_ZERO,
+                eviction_policy=self._eviction_policy(spec) if caches else _REF_ZERO,
                 **settings,
             )
         )
@@ -155,6 +155,10 @@ class MegatronKVBlockAllocator(MirrorMethods, RoutingMethods):
                 self._parents = self.block_parent_id.numpy()
                 self._children = self.block_child_count.numpy()
         self.block_routing: dict[int, np.ndarray] = {}
+
+    def _eviction_policy(self, spec: Any) -> Any:
+        """The backing allocator's policy for a caching spec (compat mode swaps LRU's)."""
+        return spec
 
     # ------------------------------------------------------------------ counts
 
@@ -365,7 +369,7 @@ class MegatronKVBlockAllocator(MirrorMethods, RoutingMethods):
         else:
             holds = self._run(
                 self.allocator.register_kv_block_hashes,
-                ids,
+                self._to_engine(ids),
                 hashes,
                 parent_hash=parent if known else None,
             ).tolist()

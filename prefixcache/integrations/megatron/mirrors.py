@@ -85,6 +85,10 @@ class MirrorMethods:
 
     # ------------------------------------------------------------------ mirrors
 
+    def _to_engine(self, block_ids: Any) -> Any:
+        """The backing allocator's IDs for Megatron's (the same; compat mode renames)."""
+        return block_ids
+
     def _run(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call the allocator, then drop what it deregistered from the mirrors."""
         try:
@@ -145,17 +149,17 @@ class MirrorMethods:
         dropped = np.repeat(touched, np.maximum(-delta, 0))
         try:
             if taken.size:
-                self._run(self.allocator.acquire_blocks, taken)
+                self._run(self.allocator.acquire_blocks, self._to_engine(taken))
         except Exception:
             refs[touched] = before
             raise
         try:
             if dropped.size:
-                self._run(self.allocator.release_memory_blocks, dropped)
+                self._run(self.allocator.release_memory_blocks, self._to_engine(dropped))
         except Exception:
             refs[touched] = before
             if taken.size:
-                self._run(self.allocator.release_memory_blocks, taken)
+                self._run(self.allocator.release_memory_blocks, self._to_engine(taken))
             raise
 
     def _pinned_by_one(self, index: Any, value: Any) -> bool:
