@@ -9,8 +9,6 @@
 // class heaps share one position and key array (a leaf is in one class at a time).
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -36,43 +34,9 @@ int bit_length(int64_t value) noexcept {
   return bits;
 }
 
-// The first y = age + 1.0 of each age bin: start[b] is the smallest double y with
-// std::log2(y) * kBinsPerOctave >= b, found once by bisection over the bit patterns of
-// positive doubles (ordered like their values) with the very std::log2 the Python twin's
-// math.log2 calls. A lookup then agrees with min(int(log2(age + 1.0) * 4), 127) wherever
-// log2 is monotone (glibc's is), at a few comparisons instead of a log2 per call: the
-// scores of evict_one take two bins per class (tests/native/test_native_policies.py
-// compares every victim with the Python class).
-struct AgeBinStarts {
-  double start[kNumAgeBins] = {};
-
-  AgeBinStarts() noexcept {
-    const auto bits = [](double value) {
-      uint64_t out;
-      std::memcpy(&out, &value, sizeof out);
-      return out;
-    };
-    const auto value_of = [](uint64_t pattern) {
-      double out;
-      std::memcpy(&out, &pattern, sizeof out);
-      return out;
-    };
-    for (int bin = 1; bin < kNumAgeBins; ++bin) {
-      uint64_t below = bits(1.0), at = bits(0x1p40);  // log2: 0 < bin <= 40 * 4
-      while (at - below > 1) {
-        const uint64_t mid = below + (at - below) / 2;
-        (std::log2(value_of(mid)) * kBinsPerOctave >= bin ? at : below) = mid;
-      }
-      start[bin] = value_of(at);
-    }
-  }
-};
-
 int age_bin(double age) noexcept {
-  static const AgeBinStarts starts;
-  const double y = age + 1.0;
-  const double* first = starts.start + 1;
-  return static_cast<int>(std::upper_bound(first, starts.start + kNumAgeBins, y) - first);
+  const double bin = std::log2(age + 1.0) * kBinsPerOctave;
+  return bin >= kNumAgeBins - 1 ? kNumAgeBins - 1 : static_cast<int>(bin);
 }
 
 int class_of(int64_t num_uses, int64_t depth) noexcept {
