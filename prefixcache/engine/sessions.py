@@ -253,6 +253,8 @@ class Session:
             cached_hits = int(((active + paused) == 0).sum())  # a chain's blocks are distinct
             room = engine.num_free + engine.num_cached - cached_hits
             if needed > room:
+                if host._yield_hints(needed, hit):  # withdrew scheduler hints: room now
+                    return self.admit(tokens)
                 raise CapacityError(f"the turn needs {needed} blocks; {room} can be freed")
         if host.enable_prefix_caching:  # as admit_request: no lookup is counted without it
             engine.take_hit(hit, num_matchable, acquire=True)
@@ -299,7 +301,8 @@ class Session:
         pending = np.concatenate([self._pending, fresh])
         num_tokens = self._num_tokens + len(fresh)
         needed = -(-num_tokens // size) - self._num_held
-        if needed > host._engine.num_free + host._engine.num_cached:
+        short = needed > host._engine.num_free + host._engine.num_cached
+        if short and not host._yield_hints(needed):  # else scheduler hints made room
             raise CapacityError(f"the tokens need {needed} more blocks; the pool is short")
         parent = self._hashes[-1] if self._hashes else None
         filled = self._hash(pending, parent) if len(pending) >= size else []

@@ -233,7 +233,8 @@ class DynamicBatchingSim(_RequestQueues):
                 "(max_blocks_per_request, or the pool minus the paused budget)"
             )
         sequence = self._new_sequence(request)
-        heapq.heappush(self._arrivals, (request.arrival_step, next(self._order), sequence))
+        sequence.order = next(self._order)
+        heapq.heappush(self._arrivals, (request.arrival_step, sequence.order, sequence))
         self._num_requests += 1
 
     @property

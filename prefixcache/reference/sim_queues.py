@@ -85,11 +85,28 @@ class _RequestQueues(_ModelChecks):
         if self._arrivals and not (self._waiting or self._running or self._paused):
             self._clock = max(self._clock, self._arrivals[0][0])  # idle: skip to the next arrival
         while self._arrivals and self._arrivals[0][0] <= self._clock:
-            self._waiting.append(heapq.heappop(self._arrivals)[2])
+            sequence = heapq.heappop(self._arrivals)[2]
+            self._waiting.append(sequence)
+            self._hint(sequence)
+
+    def _hint(self, sequence: _Sequence) -> None:
+        """With ``queue_hints``: protect the prefix admission will match while it waits."""
+        if not self.config.queue_hints:
+            return
+        num_matchable = (sequence.num_tokens - 1) // self.config.block_size
+        self.allocator.hint_upcoming(sequence.order, sequence.block_hashes[:num_matchable])
+        sequence.hinted = True
+
+    def _unhint(self, sequence: _Sequence) -> None:
+        """Withdraw the hint of an admitted request (its own references hold the blocks now)."""
+        if sequence.hinted:
+            self.allocator.withdraw_hint(sequence.order)
+            sequence.hinted = False
 
     def _admit_waiting(self, events: dict[str, int]) -> None:
         while self._waiting and self.block_table.num_free_slots and self._admit(self._waiting[0]):
             sequence = self._waiting.popleft()
+            self._unhint(sequence)
             self._running.append(sequence)
             events["prompt_tokens"] += sequence.prompt_length
             events["prefill_tokens_saved"] += sequence.num_computed
@@ -157,6 +174,7 @@ class _RequestQueues(_ModelChecks):
 
     def _requeue(self, sequence: _Sequence, *, paused: bool) -> None:
         """Release every block of ``sequence`` and queue it to recompute all its tokens."""
+        self._hint(sequence)  # before the release: its blocks never turn evictable
         block_ids = self.block_table.remove_request(sequence.slot)
         self.allocator.release_memory_blocks(block_ids, paused=paused)
         sequence.slot = -1
