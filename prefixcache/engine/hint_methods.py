@@ -16,9 +16,19 @@ block is never evicted, whatever the policy.
 The rules that keep hints harmless (DESIGN.md, "Scheduler hints"):
 
 - **Bound.** Hints hold at most :attr:`HintMethods.hint_limit` distinct blocks
-  (half the usable pool by default); a hint past the bound protects the
+  (the whole usable pool by default); a hint past the bound protects the
   longest head of its prefix that fits (the head is the part other requests
-  share) and the rest is left to the policy.
+  share) and the rest is left to the policy. No static share can keep an
+  allocation from failing (running requests may fill the rest of the pool):
+  the yield below does that, so the bound only says how much of the cache the
+  queue may take from the policy. Under first-come-first-served admission the
+  whole pool is right: every hinted block is used before any block whose next
+  use is a request that has not arrived, and the newest hint is the farthest
+  use, so protecting hints and yielding the newest first is Belady's order
+  over what the queue shows (measured: a bound of half the pool reached 0.55
+  of the optimum where the whole pool reached 0.98, DESIGN.md). A scheduler
+  that may keep a request waiting indefinitely (priorities) should set a
+  lower bound with :meth:`HintMethods.set_hint_limit`.
 - **Yield.** A hint never makes an allocation fail that would succeed with
   every hint withdrawn: when ``allocate_memory_blocks``, ``admit_request``, a
   session turn or ``resume`` is short of room and withdrawing hints would make
@@ -51,7 +61,7 @@ from prefixcache.errors import BudgetExceededError, InvalidArgumentError
 
 __all__ = ["DEFAULT_HINT_SHARE", "HintMethods"]
 
-DEFAULT_HINT_SHARE = 0.5
+DEFAULT_HINT_SHARE = 1.0
 """Share of the usable pool hints may hold by default (:attr:`HintMethods.hint_limit`)."""
 
 _NO_IDS = np.empty(0, dtype=np.intp)
@@ -171,7 +181,7 @@ class HintMethods:
 
     @property
     def hint_limit(self) -> int:
-        """Most distinct blocks hints may hold (default: half the usable pool). O(1)."""
+        """Most distinct blocks hints may hold (default: the whole usable pool). O(1)."""
         return self._hint_limit
 
     def set_hint_limit(self, num_blocks: int) -> None:

@@ -31,6 +31,7 @@ class _RequestQueues(_ModelChecks):
     _waiting: deque[_Sequence]
     _running: list[_Sequence]
     _paused: list[_Sequence]  # oldest pause first
+    _awaiting: dict[int, list[_Sequence]]  # queue hints: next uncached hash -> waiting
     _clock: int
     outputs: list[RequestOutput]
 
@@ -90,12 +91,27 @@ class _RequestQueues(_ModelChecks):
             self._hint(sequence)
 
     def _hint(self, sequence: _Sequence) -> None:
-        """With ``queue_hints``: protect the prefix admission will match while it waits."""
+        """With ``queue_hints``: protect the prefix admission will match while it waits.
+
+        When only a head of it is cached, the request waits in :attr:`_awaiting` on
+        the first hash past that head, and :meth:`_extend_hints` hints it again once
+        a running request registers that hash (a previous turn of its conversation).
+        """
         if not self.config.queue_hints:
             return
         num_matchable = (sequence.num_tokens - 1) // self.config.block_size
-        self.allocator.hint_upcoming(sequence.order, sequence.block_hashes[:num_matchable])
+        hashes = sequence.block_hashes[:num_matchable]
+        num_held = self.allocator.hint_upcoming(sequence.order, hashes)
         sequence.hinted = True
+        if num_held < num_matchable:
+            self._awaiting.setdefault(hashes[num_held], []).append(sequence)
+
+    def _extend_hints(self, registered: list[int]) -> None:
+        """Hint again the waiting requests whose next uncached block was just registered."""
+        for block_hash in registered:
+            for sequence in self._awaiting.pop(block_hash, ()):
+                if sequence.hinted:  # else admitted since: nothing to extend
+                    self._hint(sequence)
 
     def _unhint(self, sequence: _Sequence) -> None:
         """Withdraw the hint of an admitted request (its own references hold the blocks now)."""

@@ -113,7 +113,7 @@ def test_a_re_hint_extends_over_blocks_cached_since(engine: str) -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_hints_hold_at_most_the_limit(engine: str) -> None:
     allocator = _allocator(engine)
-    assert allocator.hint_limit == allocator.num_usable // 2
+    assert allocator.hint_limit == allocator.num_usable
     _cache(allocator, PROTECTED)
     _cache(allocator, OTHER)
     allocator.set_hint_limit(4)
