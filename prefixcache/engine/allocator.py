@@ -446,9 +446,8 @@ class KVBlockAllocator(
     def reset(self) -> None:
         """Return to the state just after construction: every block free, nothing cached.
 
-        Scheduler hints are forgotten (their keys too).
-
-        Queued releases of an open free group are dropped. Statistics restart.
+        Queued releases of an open free group and scheduler hints (keys too) are
+        dropped. Statistics restart.
         Complexity: O(total_count).
         """
         self._engine.reset()
