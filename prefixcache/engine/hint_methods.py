@@ -57,7 +57,7 @@ import numpy as np
 from prefixcache.engine.core import EngineCore
 from prefixcache.engine.prefix_hashing import to_hash_list
 from prefixcache.engine.validation import require_int
-from prefixcache.errors import BudgetExceededError, InvalidArgumentError
+from prefixcache.errors import BudgetExceededError, InvalidArgumentError, ReferenceCountError
 
 __all__ = ["DEFAULT_HINT_SHARE", "HintMethods"]
 
@@ -122,11 +122,18 @@ class HintMethods:
         Raises:
             InvalidArgumentError: a key that is neither an int nor a string, or
                 malformed hashes. Nothing changes.
+            ReferenceCountError: re-hinting a key whose references a caller
+                released (``release_memory_blocks`` on blocks it did not hold).
 
         Complexity: O(len(block_hashes)) lookups, vectorised reference updates.
         """
         key = _check_key(key)
         hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
+        old = self._hints.get(key, _NO_IDS)
+        if len(old) and not self._engine.reference_counts(old)[0].all():
+            raise ReferenceCountError(
+                f"hint {key!r}: a caller released the references it holds; it cannot be replaced"
+            )
         matched = _NO_IDS
         if self.enable_prefix_caching and hashes:
             matched = self._engine.lookup(hashes).astype(np.intp)
@@ -206,11 +213,18 @@ class HintMethods:
         if self._track_changes:
             self._sync_collaborators()
 
-    def _hint_only_blocks(self) -> np.ndarray:
-        """Blocks whose every reference is a hint's: withdrawing all hints frees or caches them."""
+    def _hint_only_blocks(self) -> np.ndarray | None:
+        """Blocks whose every reference is a hint's: withdrawing all hints frees or caches them.
+
+        None when the engine holds fewer references than the hints (a caller released
+        one of theirs): then no hint is yielded, as the release could fail midway.
+        """
         hinted = np.flatnonzero(self._hint_refs)
         active, paused = self._engine.reference_counts(hinted)
-        only: np.ndarray = hinted[(active == self._hint_refs[hinted]) & (paused == 0)]
+        held = self._hint_refs[hinted]
+        if (active < held).any():
+            return None
+        only: np.ndarray = hinted[(active == held) & (paused == 0)]
         return only
 
     def _room(self, hit: np.ndarray) -> int:
@@ -231,8 +245,11 @@ class HintMethods:
         """
         if not self._num_hinted or self._group_depth:
             return False
+        only = self._hint_only_blocks()
+        if only is None:
+            return False
         hit = hit.astype(np.intp, copy=False)
-        freed = np.setdiff1d(self._hint_only_blocks(), hit, assume_unique=False)
+        freed = np.setdiff1d(only, hit)
         if needed > self._room(hit) + len(freed):
             return False
         for key in reversed(list(self._hints)):
@@ -243,7 +260,7 @@ class HintMethods:
 
     def _yield_for_resume(self, ids: np.ndarray) -> bool:
         """As :meth:`_yield_hints`, for a ``resume`` of ``ids`` the active budget refused."""
-        if not self._num_hinted or self._group_depth:
+        if not self._num_hinted or self._group_depth or self._hint_only_blocks() is None:
             return False
         unique, counts = np.unique(ids.astype(np.intp), return_counts=True)
         if not self._resume_fits(unique, counts, without_hints=True):
@@ -274,7 +291,8 @@ class HintMethods:
 
     def _hint_room(self) -> int:
         """Blocks that withdrawing every hint would make free or cached."""
-        return len(self._hint_only_blocks()) if self._num_hinted else 0
+        only = self._hint_only_blocks() if self._num_hinted else None
+        return 0 if only is None else len(only)
 
     def _resume_with_hints(self, ids: np.ndarray) -> None:
         """``engine.move`` back to active, yielding hints when the budget refuses."""

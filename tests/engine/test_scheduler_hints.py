@@ -18,7 +18,12 @@ import pytest
 from prefixcache import KVBlockAllocator, policies
 from prefixcache.engine.locked import ThreadSafeAllocator
 from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
-from prefixcache.errors import BudgetExceededError, CapacityError, InvalidArgumentError
+from prefixcache.errors import (
+    BudgetExceededError,
+    CapacityError,
+    InvalidArgumentError,
+    ReferenceCountError,
+)
 
 PROTECTED = [301, 302, 303]
 OTHER = [401, 402, 403]
@@ -255,3 +260,19 @@ def test_the_lock_wrapper_serves_hints() -> None:
     shared = ThreadSafeAllocator(_allocator("python"))
     assert shared.hint_upcoming("q", PROTECTED) == 0
     assert shared.withdraw_hint("q") == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_hint_whose_references_a_caller_released_is_never_yielded(
+    engine: str, refuses: Callable[..., Exception]
+) -> None:
+    allocator = _allocator(engine)
+    protected = _cache(allocator, PROTECTED)
+    _cache(allocator, OTHER)
+    allocator.hint_upcoming("q", PROTECTED)
+    allocator.hint_upcoming("r", OTHER)
+    allocator.release_memory_blocks(protected)  # misuse: the caller never held them
+    assert allocator.allocate_memory_blocks(10) is None  # 9 without "r"; no yield: unsafe
+    assert _registered(allocator, OTHER) == [True] * 3
+    refuses(allocator, ReferenceCountError, allocator.withdraw_hint, "q")
+    refuses(allocator, ReferenceCountError, allocator.hint_upcoming, "q", PROTECTED)
