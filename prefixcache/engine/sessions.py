@@ -85,6 +85,7 @@ class SessionMethods:
     _layout_epoch: int
     _track_changes: bool
     enable_prefix_caching: bool
+    _hints: dict[Any, Any]  # scheduler hints held (hint_methods.py)
     verify_prefix_hits: bool
 
     def open_session(self) -> SessionHandle:
@@ -114,11 +115,14 @@ class SessionMethods:
         # session's steps are not engine transactions, so such an engine keeps the Python
         # Session (each of its facade calls is one).
         python_policy = getattr(engine, "policy_object", None) is not None
+        # Scheduler hints held: the Python Session, whose turns yield them (the native one's
+        # cannot); a native session opened before any hint does not yield (DESIGN.md).
         if (
             core is not None
             and not python_policy
             and not self._track_changes
             and self.enable_prefix_caching
+            and not self._hints
         ):
             native: SessionHandle = native_module().Session(core)
             return native
