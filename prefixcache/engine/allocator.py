@@ -21,6 +21,7 @@ from prefixcache.engine.core import EngineCore
 from prefixcache.engine.defragment_methods import DefragmentMethods
 from prefixcache.engine.device_mirror import DeviceMirrorMethods, FreeIdsMirror
 from prefixcache.engine.events import KVEventLog
+from prefixcache.engine.hint_methods import HintMethods
 from prefixcache.engine.introspection_methods import IntrospectionMethods
 from prefixcache.engine.kv_event_methods import KVEventMethods
 from prefixcache.engine.moe_routing import MoERoutingMethods
@@ -49,6 +50,7 @@ _SENTINEL_HASHES = (0, -1)
 
 
 class KVBlockAllocator(
+    HintMethods,  # first: its members override the other mixins' stubs
     PrefixHashingMethods,
     KVEventMethods,
     MoERoutingMethods,
@@ -85,6 +87,8 @@ class KVBlockAllocator(
       :meth:`get_paused_avail`, :meth:`get_evictable_block_count`.
     - Eviction and time: :meth:`update_timestamps`, :meth:`advance_clock`,
       :meth:`evict_cached_blocks`, :meth:`evict_lru_blocks`.
+    - Scheduler hints: :meth:`hint_upcoming`, :meth:`withdraw_hint`,
+      :meth:`set_hint_limit` (DESIGN.md, "Scheduler hints").
     - MoE routing: :meth:`store_routing_per_block`, :meth:`store_block_routing`,
       :meth:`get_block_routing`, :meth:`reconstruct_routing_from_blocks`.
     - Introspection: :meth:`stats`, :meth:`check_invariants`, :meth:`reset`,
@@ -151,6 +155,7 @@ class KVBlockAllocator(
         self._num_hit_tokens = 0  # vLLM's prefix_cache_hits, in tokens
         self._num_preempted_queried_tokens = 0  # vLLM's preempted_queries, in tokens
         self._num_preempted_hit_tokens = 0  # vLLM's preempted_hits, in tokens
+        self._init_hints()
         self._bind_request_path()
 
     def _sync_collaborators(self) -> None:
@@ -166,14 +171,17 @@ class KVBlockAllocator(
     def is_memory_available(self, num_blocks: int) -> bool:
         """Whether :meth:`allocate_memory_blocks` can hand out ``num_blocks`` now.
 
-        Counts free blocks plus cached ones (every cached block is evictable).
-        Complexity: O(1).
+        Counts free blocks plus cached ones (every cached block is evictable),
+        and the blocks only scheduler hints hold (they would be yielded).
+        Complexity: O(1); O(pool) when short and hints are held.
 
         Raises:
             InvalidArgumentError: ``num_blocks`` is not a non-negative int.
         """
         engine = self._engine
-        return check_count(num_blocks) <= engine.num_free + engine.num_cached
+        needed = check_count(num_blocks)
+        room = engine.num_free + engine.num_cached
+        return needed <= room or (needed <= room + self._hint_room() and not self._group_depth)
 
     def allocate_memory_blocks(self, num_blocks: int) -> torch.Tensor | None:
         """Hand out ``num_blocks`` fresh blocks, each with one active reference.
@@ -186,14 +194,18 @@ class KVBlockAllocator(
 
         Returns:
             A fresh CPU int32 tensor of distinct IDs, or ``None`` (and nothing
-            changes) when even eviction cannot free enough.
+            changes) when even eviction cannot free enough. Scheduler hints
+            are withdrawn, newest first, when that makes room.
 
         Raises:
             InvalidArgumentError: ``num_blocks`` is not a non-negative int.
 
         Complexity: O(num_blocks) vectorised, plus O(log n) per evicted block.
         """
-        block_ids = self._engine.allocate(check_count(num_blocks))
+        num_blocks = check_count(num_blocks)
+        block_ids = self._engine.allocate(num_blocks)
+        if block_ids is None and self._yield_hints(num_blocks):
+            block_ids = self._engine.allocate(num_blocks)
         if block_ids is None:
             return None
         if self._track_changes:
@@ -248,9 +260,11 @@ class KVBlockAllocator(
         0
         """
         self._engine.open_group()
+        self._group_depth += 1
         try:
             yield
         finally:
+            self._group_depth -= 1
             try:
                 self._engine.close_group()
             finally:
@@ -432,10 +446,12 @@ class KVBlockAllocator(
     def reset(self) -> None:
         """Return to the state just after construction: every block free, nothing cached.
 
-        Queued releases of an open free group are dropped. Statistics restart.
+        Queued releases of an open free group and scheduler hints (keys too) are
+        dropped. Statistics restart.
         Complexity: O(total_count).
         """
         self._engine.reset()
+        self._clear_hints()
         self._layout_epoch += 1
         if self.routing is not None:
             self.routing.clear_all()

@@ -28,7 +28,7 @@ class DefragmentMethods:
     checks the plan against the state now, runs the KV storage's copy, then has
     the engine relocate each block's state (counts, hash, links, policy entry,
     free list) and moves the facade's own per-block data (MoE routing,
-    verification fingerprints). KV events carry hashes, not block IDs, so a
+    verification fingerprints, scheduler hints). KV events carry hashes, not block IDs, so a
     relocation publishes none. Block tables follow with
     :meth:`prefixcache.serving.BlockTable.apply_moves`.
     """
@@ -38,6 +38,9 @@ class DefragmentMethods:
     num_usable: int
     routing: RoutingStore | None
     _fingerprint_of_block: list[int]
+
+    def _move_hints(self, sources: np.ndarray, destinations: np.ndarray) -> None:
+        raise NotImplementedError  # hint_methods.py: hinted blocks follow the moves
 
     def plan_defragment(self) -> DefragmentPlan:
         """The fewest moves that pack every live (referenced or cached) block into the lowest IDs.
@@ -83,6 +86,7 @@ class DefragmentMethods:
         if copy is not None:
             copy(torch.from_numpy(src.astype(np.int64)), torch.from_numpy(dst.astype(np.int64)))
         self._engine.relocate(src, dst, check_only=False)
+        self._move_hints(sources, destinations)
         self._layout_epoch += 1  # blocks moved: sessions look their chains up again
         both = np.concatenate((sources, destinations))
         swapped = np.concatenate((destinations, sources))

@@ -6,6 +6,7 @@ partition ledger itself lives in the engine.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from prefixcache.engine.block_ids import BlockIdsLike, to_block_ids
@@ -21,6 +22,9 @@ class PartitionMethods:
     num_usable: int
     active_count: int
     paused_count: int
+
+    def _resume_with_hints(self, ids: np.ndarray) -> None:
+        raise NotImplementedError  # hint_methods.py: move, yielding hints when short
 
     def pause(self, block_ids: BlockIdsLike) -> None:
         """Move one reference per occurrence from the active to the paused partition.
@@ -41,13 +45,15 @@ class PartitionMethods:
 
         Raises:
             ReferenceCountError: a block holds fewer paused references than asked.
-            BudgetExceededError: more than ``active_count`` blocks would be active.
+            BudgetExceededError: more than ``active_count`` blocks would be active,
+                even with every scheduler hint withdrawn (hints are withdrawn,
+                newest first, when that makes the resume fit).
 
         Complexity: O(k log k) vectorised.
         """
         ids = to_block_ids(block_ids, self.num_usable)
         if ids.size:
-            self._engine.move(ids, to_paused=False)
+            self._resume_with_hints(ids)
 
     def reference_counts(self, block_ids: BlockIdsLike) -> tuple[torch.Tensor, torch.Tensor]:
         """Active and paused reference counts of ``block_ids`` (fresh int32 tensors).

@@ -158,6 +158,8 @@ class RequestPathMethods:
         cached_hits = len(np.unique(hit[(active + paused) == 0]))
         if needed > engine.num_free + engine.num_cached - cached_hits:
             allocator._num_rejected = num_rejected
+            if allocator._yield_hints(needed, hit):  # withdrew scheduler hints: room now
+                return self.admit_request(tokens, out_row)
             raise CapacityError(
                 f"request needs {needed} blocks; "
                 f"{engine.num_free + engine.num_cached - cached_hits} can be freed"

@@ -85,6 +85,7 @@ class SessionMethods:
     _layout_epoch: int
     _track_changes: bool
     enable_prefix_caching: bool
+    _hints: dict[Any, Any]  # scheduler hints held (hint_methods.py)
     verify_prefix_hits: bool
 
     def open_session(self) -> SessionHandle:
@@ -114,11 +115,14 @@ class SessionMethods:
         # session's steps are not engine transactions, so such an engine keeps the Python
         # Session (each of its facade calls is one).
         python_policy = getattr(engine, "policy_object", None) is not None
+        # Scheduler hints held: the Python Session, whose turns yield them (the native one's
+        # cannot); a native session opened before any hint does not yield (DESIGN.md).
         if (
             core is not None
             and not python_policy
             and not self._track_changes
             and self.enable_prefix_caching
+            and not self._hints
         ):
             native: SessionHandle = native_module().Session(core)
             return native
@@ -253,6 +257,8 @@ class Session:
             cached_hits = int(((active + paused) == 0).sum())  # a chain's blocks are distinct
             room = engine.num_free + engine.num_cached - cached_hits
             if needed > room:
+                if host._yield_hints(needed, hit):  # withdrew scheduler hints: room now
+                    return self.admit(tokens)
                 raise CapacityError(f"the turn needs {needed} blocks; {room} can be freed")
         if host.enable_prefix_caching:  # as admit_request: no lookup is counted without it
             engine.take_hit(hit, num_matchable, acquire=True)
@@ -299,7 +305,8 @@ class Session:
         pending = np.concatenate([self._pending, fresh])
         num_tokens = self._num_tokens + len(fresh)
         needed = -(-num_tokens // size) - self._num_held
-        if needed > host._engine.num_free + host._engine.num_cached:
+        short = needed > host._engine.num_free + host._engine.num_cached
+        if short and not host._yield_hints(needed):  # else scheduler hints made room
             raise CapacityError(f"the tokens need {needed} more blocks; the pool is short")
         parent = self._hashes[-1] if self._hashes else None
         filled = self._hash(pending, parent) if len(pending) >= size else []

@@ -197,6 +197,7 @@ class DynamicBatchingSim(_RequestQueues):
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._paused: list[_Sequence] = []  # oldest pause first
+        self._awaiting: dict[int, list[_Sequence]] = {}  # queue hints waiting on a hash
         self._clock = 0
         self._num_requests = 0
         self._steps: list[StepReport] = []
@@ -233,7 +234,8 @@ class DynamicBatchingSim(_RequestQueues):
                 "(max_blocks_per_request, or the pool minus the paused budget)"
             )
         sequence = self._new_sequence(request)
-        heapq.heappush(self._arrivals, (request.arrival_step, next(self._order), sequence))
+        sequence.order = next(self._order)
+        heapq.heappush(self._arrivals, (request.arrival_step, sequence.order, sequence))
         self._num_requests += 1
 
     @property
@@ -400,10 +402,11 @@ class DynamicBatchingSim(_RequestQueues):
         if parent is not None and not self.allocator.is_hash_registered(parent):
             start, parent = 0, None
         block_ids = self.block_table.blocks_of(sequence.slot)[start:num_full]
-        self.allocator.register_kv_block_hashes(
-            block_ids, sequence.block_hashes[start:num_full], parent_hash=parent
-        )
+        registered = sequence.block_hashes[start:num_full]
+        self.allocator.register_kv_block_hashes(block_ids, registered, parent_hash=parent)
         sequence.num_registered = num_full
+        if self._awaiting:
+            self._extend_hints(registered)
 
 
 def run(

@@ -31,6 +31,7 @@ class _RequestQueues(_ModelChecks):
     _waiting: deque[_Sequence]
     _running: list[_Sequence]
     _paused: list[_Sequence]  # oldest pause first
+    _awaiting: dict[int, list[_Sequence]]  # queue hints: next uncached hash -> waiting
     _clock: int
     outputs: list[RequestOutput]
 
@@ -85,11 +86,43 @@ class _RequestQueues(_ModelChecks):
         if self._arrivals and not (self._waiting or self._running or self._paused):
             self._clock = max(self._clock, self._arrivals[0][0])  # idle: skip to the next arrival
         while self._arrivals and self._arrivals[0][0] <= self._clock:
-            self._waiting.append(heapq.heappop(self._arrivals)[2])
+            sequence = heapq.heappop(self._arrivals)[2]
+            self._waiting.append(sequence)
+            self._hint(sequence)
+
+    def _hint(self, sequence: _Sequence) -> None:
+        """With ``queue_hints``: protect the prefix admission will match while it waits.
+
+        When only a head of it is cached, the request waits in :attr:`_awaiting` on
+        the first hash past that head, and :meth:`_extend_hints` hints it again once
+        a running request registers that hash (a previous turn of its conversation).
+        """
+        if not self.config.queue_hints:
+            return
+        num_matchable = (sequence.num_tokens - 1) // self.config.block_size
+        hashes = sequence.block_hashes[:num_matchable]
+        num_held = self.allocator.hint_upcoming(sequence.order, hashes)
+        sequence.hinted = True
+        if num_held < num_matchable:
+            self._awaiting.setdefault(hashes[num_held], []).append(sequence)
+
+    def _extend_hints(self, registered: list[int]) -> None:
+        """Hint again the waiting requests whose next uncached block was just registered."""
+        for block_hash in registered:
+            for sequence in self._awaiting.pop(block_hash, ()):
+                if sequence.hinted:  # else admitted since: nothing to extend
+                    self._hint(sequence)
+
+    def _unhint(self, sequence: _Sequence) -> None:
+        """Withdraw the hint of an admitted request (its own references hold the blocks now)."""
+        if sequence.hinted:
+            self.allocator.withdraw_hint(sequence.order)
+            sequence.hinted = False
 
     def _admit_waiting(self, events: dict[str, int]) -> None:
         while self._waiting and self.block_table.num_free_slots and self._admit(self._waiting[0]):
             sequence = self._waiting.popleft()
+            self._unhint(sequence)
             self._running.append(sequence)
             events["prompt_tokens"] += sequence.prompt_length
             events["prefill_tokens_saved"] += sequence.num_computed
@@ -157,6 +190,7 @@ class _RequestQueues(_ModelChecks):
 
     def _requeue(self, sequence: _Sequence, *, paused: bool) -> None:
         """Release every block of ``sequence`` and queue it to recompute all its tokens."""
+        self._hint(sequence)  # before the release: its blocks never turn evictable
         block_ids = self.block_table.remove_request(sequence.slot)
         self.allocator.release_memory_blocks(block_ids, paused=paused)
         sequence.slot = -1

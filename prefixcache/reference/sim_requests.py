@@ -156,6 +156,9 @@ class SimConfig:
             comparing a run with caching against one without.
         record_logits: with a model, keep the logits of every generated token in
             :attr:`DynamicBatchingSim.outputs` (one ``[vocab]`` row each, on the CPU).
+        queue_hints: protect the cached prefix of each waiting request while it
+            waits (``allocator.hint_upcoming`` on arrival and requeue,
+            ``withdraw_hint`` once admitted; DESIGN.md, "Scheduler hints").
     """
 
     total_count: int = 1024
@@ -170,6 +173,7 @@ class SimConfig:
     kv_events_capacity: int = 0
     enable_prefix_caching: bool = True
     record_logits: bool = False
+    queue_hints: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -181,7 +185,7 @@ class SimConfig:
         ):
             value = require_int(getattr(self, name), name, minimum=1, error=ConfigError)
             object.__setattr__(self, name, value)
-        for name in ("verify", "enable_prefix_caching", "record_logits"):
+        for name in ("verify", "enable_prefix_caching", "record_logits", "queue_hints"):
             flag = require_flag(getattr(self, name), name, error=ConfigError)
             object.__setattr__(self, name, flag)
 
@@ -204,6 +208,8 @@ class _Sequence:
     num_computed: int = 0  # tokens whose KV is in the cache (written or hit)
     num_registered: int = 0  # leading full blocks already handed to register_kv_block_hashes
     slot: int = -1  # BlockTable row while admitted
+    order: int = -1  # submission order: the key of its scheduler hint
+    hinted: bool = False  # holds a scheduler hint (queue_hints, while waiting)
     # Model mode only: every token so far, the greedy choice for the next one, the
     # logits of each generated token (when recorded), each token's routed experts
     # ([input + output tokens, 1, top_k] int64) and the prompt tokens the cache served.

@@ -80,7 +80,8 @@ def state_digest(allocator: KVBlockAllocator, *, policy: Any = None) -> dict[str
     ``stats()``, ``str()``, the clock, the engine's counters, the free stack in
     order, every usable block's reference counts and state, the registered
     chains (hash, block, parent hash), the verify-mode fingerprints, the
-    routing store's written flags and values, and the queued KV events.
+    routing store's written flags and values, the queued KV events and the
+    scheduler hints (:meth:`~prefixcache.KVBlockAllocator.hint_upcoming`).
     On the Python engine it adds the internals the seam does not expose (see
     :func:`_python_engine_internals`): per-block access clocks and queued
     releases, the registry's tree, and the policy's tracked set and eviction
@@ -124,6 +125,8 @@ def state_digest(allocator: KVBlockAllocator, *, policy: Any = None) -> dict[str
         "routing_written": None if routing is None else routing._written.tolist(),
         "routing_data": None if routing is None else routing._data.tobytes(),
         "events": None if events is None else list(events._queue),
+        "hints": [(key, held.tolist()) for key, held in allocator._hints.items()],
+        "hint_limit": allocator.hint_limit,
     }
     if allocator.engine == "python":
         chosen = allocator.policy if policy is None else policy

@@ -20,8 +20,12 @@ the package, so ``prefixcache compare`` alone is a complete demo::
 Both replay the no-concurrency model of :mod:`prefixcache.tools.replay`
 (``replay --host-capacity`` puts a host tier behind the device pool, as
 :func:`prefixcache.tiers.replay_tiered` does, and reports hit rates per tier);
-``compare --concurrency`` replays through the dynamic-batching loop of
-``prefixcache.reference.sim`` instead.
+``compare --concurrency [N]`` replays through the dynamic-batching loop of
+``prefixcache.reference.sim`` instead, at most N requests in flight, and
+``--queue-hints`` has the loop protect the cached prefixes of waiting requests
+(DESIGN.md, "Scheduler hints")::
+
+    $ prefixcache compare --concurrency 32 --queue-hints --policies lru,s3fifo,auto
 
 Every argument is checked before any replay starts
 (:mod:`prefixcache.tools.cli_arguments`): the trace is read and parsed whole,
@@ -57,6 +61,7 @@ from prefixcache.tools.cli_arguments import (
     non_negative,
     policy_list,
     policy_name,
+    positive,
     show_progress,
 )
 from prefixcache.tools.compare_report import results_table, share_table, write_plot
@@ -71,6 +76,8 @@ from prefixcache.tools.sweep import add_sweep_parser, replay_grid
 __all__ = ["main"]
 
 DEFAULT_CAPACITIES = (1000, 5000, 20000)
+DEFAULT_IN_FLIGHT = 256
+"""``compare --concurrency`` without N: requests in flight at most (block-table rows)."""
 LEFT_OUT_BY_DEFAULT = ("ref_zero", "priority")
 """Policies ``compare`` runs only when named: ref_zero caches nothing (hit rate 0), and
 priority without retention hints (a trace has none) evicts exactly as lru."""
@@ -202,8 +209,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     many.add_argument(
         "--concurrency",
+        nargs="?",
+        const=DEFAULT_IN_FLIGHT,
+        default=None,
+        type=positive,
+        metavar="N",
+        help="replay through the dynamic-batching loop of prefixcache.reference.sim, at most "
+        f"N requests in flight (running or paused; default N: {DEFAULT_IN_FLIGHT})",
+    )
+    many.add_argument(
+        "--queue-hints",
         action="store_true",
-        help="replay through the dynamic-batching loop of prefixcache.reference.sim",
+        help="with --concurrency: the loop protects the cached prefixes of waiting requests "
+        "(KVBlockAllocator.hint_upcoming; never for belady)",
     )
     add_cluster_arguments(many)
     many.set_defaults(handler=_run_compare)
@@ -265,25 +283,32 @@ def _run_compare(args: argparse.Namespace) -> int:
         return cluster_main(args)  # the router table over simulated workers
     names = args.policies if args.policies is not None else default_policies()
     names = (*(name for name in names if name != OPTIMUM_POLICY), OPTIMUM_POLICY)
-    if args.concurrency and not _has_sim():
+    if args.concurrency is not None and not _has_sim():
         print(
             "prefixcache: error: concurrency mode needs prefixcache.reference.sim", file=sys.stderr
         )
         return 1
+    concurrent = args.concurrency is not None
     run = (
-        replay_concurrent
-        if args.concurrency
+        functools.partial(
+            replay_concurrent, max_requests=args.concurrency, queue_hints=args.queue_hints
+        )
+        if concurrent
         else functools.partial(replay, block_size=args.block_size)
     )
     path, requests = args.trace_path, args.requests
     results = replay_grid(run, requests, names, args.capacities, progress=show_progress(args))
-    print(f"{path.name}: {len(requests)} requests, {_MODES[args.concurrency]}\n")
+    mode = _MODES[concurrent]
+    if concurrent:
+        hints = "queue hints on" if args.queue_hints else "queue hints off"
+        mode = f"{mode}; at most {args.concurrency} in flight, {hints}"
+    print(f"{path.name}: {len(requests)} requests, {mode}\n")
     print(results_table(results, names, args.capacities))
     if args.table:
         print(f"\n{share_table(results, names, args.capacities)}")
     if args.no_plot:
         return 0
-    title = f"{path.name}, {'with' if args.concurrency else 'no'} concurrency"
+    title = f"{path.name}, {'with' if concurrent else 'no'} concurrency"
     return write_plot(results, names, args.capacities, args.plot_target, title)
 
 

@@ -190,6 +190,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     """
     args.notes = resolve_capacities(args)
     _check_block_size(args)
+    if getattr(args, "queue_hints", False) and getattr(args, "concurrency", None) is None:
+        raise BadArgument("--queue-hints", "needs --concurrency (hints come from a waiting queue)")
     if hasattr(args, "capacity"):
         _check_memory("--capacity", args.capacity)
         _check_host_tier(args)

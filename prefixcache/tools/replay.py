@@ -57,7 +57,7 @@ import numpy as np
 from prefixcache import policies
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.config import PolicySpec
-from prefixcache.engine.validation import require_int
+from prefixcache.engine.validation import require_flag, require_int
 from prefixcache.errors import CapacityError, InvalidArgumentError
 from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
 
@@ -300,6 +300,7 @@ def replay_concurrent(
     step_token_budget: int = 8192,
     max_requests: int = 256,
     progress: bool = False,
+    queue_hints: bool = False,
 ) -> ConcurrentReplayResult:
     """Replay ``requests`` with real concurrency through :mod:`prefixcache.reference.sim`.
 
@@ -325,6 +326,9 @@ def replay_concurrent(
         step_token_budget: tokens computed per step (>= 1).
         max_requests: running plus paused requests at most (block-table rows).
         progress: show a progress bar (finished requests) on long runs.
+        queue_hints: the loop protects the cached prefixes of waiting requests
+            (``SimConfig.queue_hints``; DESIGN.md, "Scheduler hints"). Never
+            for ``belady``, which knows the future already.
 
     Returns:
         A :class:`ConcurrentReplayResult`.
@@ -341,6 +345,7 @@ def replay_concurrent(
     capacity = require_int(capacity, "capacity", minimum=1)
     _check_policy(policy)
     step_ms = require_int(step_ms, "step_ms", minimum=1)
+    queue_hints = require_flag(queue_hints, "queue_hints")
     start = time.perf_counter()
     sim_requests = [
         loop.SimRequest.from_hash_ids(
@@ -367,6 +372,7 @@ def replay_concurrent(
             max_blocks_per_request=max(blocks_needed, default=1),
             step_token_budget=step_token_budget,
             device="cpu",
+            queue_hints=queue_hints and oracle is None,
         )
     )
     if oracle is not None:

@@ -243,6 +243,8 @@ class HostileMachine(RuleBasedStateMachine):
         """
         ids = np.arange(NUM_USABLE)
         active, paused = self.allocator.reference_counts(ids)
+        hints = torch.from_numpy(self.allocator._hint_refs[:NUM_USABLE]).to(active.dtype)
+        active = active - hints  # the hints' own references are not a caller's
         return (
             np.repeat(ids, active.numpy()).tolist(),
             np.repeat(ids, paused.numpy()).tolist(),
@@ -531,6 +533,23 @@ class HostileMachine(RuleBasedStateMachine):
     def hostile_retention(self, data: st.DataObject, priority: Any, duration: Any) -> None:
         hashes = self.hostile_hashes(data, "hashes")
         self.call("set_retention_priority", hashes, priority, duration=duration)
+
+    @rule(
+        data=st.data(),
+        key=st.one_of(st.sampled_from([0, 1, "q"]), hostile_scalar),
+        limit=st.one_of(st.integers(0, NUM_USABLE + 1), hostile_scalar),
+    )
+    def hints(self, data: st.DataObject, key: Any, limit: Any) -> None:
+        """Queue hints with keys, hashes and bounds as a careless caller passes them."""
+        self.call("hint_upcoming", key, self.hostile_hashes(data, "hashes"))
+        if data.draw(st.booleans(), label="withdraw"):
+            self.call("withdraw_hint", key)
+        if data.draw(st.booleans(), label="bound"):
+            self.call("set_hint_limit", limit)
+        self.called.update({"num_hinted_blocks", "num_hints", "hint_limit"})
+        assert self.target.num_hinted_blocks == self.allocator.num_hinted_blocks
+        assert self.target.num_hints == self.allocator.num_hints
+        assert self.target.hint_limit == self.allocator.hint_limit
 
     @rule(ticks=st.one_of(st.integers(0, 3), hostile_scalar, st.just(1 << 62)))
     def hostile_clock(self, ticks: Any) -> None:
