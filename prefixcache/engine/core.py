@@ -31,7 +31,7 @@ Conventions shared by both implementations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -269,3 +269,14 @@ class EngineCore(Protocol):
     def find_problems(self) -> list[str]:
         """Every broken invariant (DESIGN.md, "Invariants"), described; empty when all hold."""
         ...
+
+
+def fused_core(engine: EngineCore) -> Any | None:
+    """The native extension object behind ``engine`` when its chains are the facade's, else None.
+
+    Set (``fused``) on the native engine under xxh3_64 from the facade's root, salt
+    included: the request path, sessions and chain hashing may then call its fused
+    C calls directly. None for the Python engine and for the native engine under
+    wide hashes (``WideKeyEngine``), whose keys are not the facade's hashes.
+    """
+    return engine.core if getattr(engine, "fused", False) else None  # type: ignore[attr-defined]

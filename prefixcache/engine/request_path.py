@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from prefixcache.engine.block_ids import BlockIdsLike
+from prefixcache.engine.core import fused_core
 from prefixcache.engine.facade_view import FacadeView
 from prefixcache.errors import CapacityError, InvalidArgumentError, InvalidTensorError
 
@@ -78,7 +79,7 @@ class RequestPathMethods:
         """Bind the native fused calls when no collaborator needs to see the request."""
         allocator = cast("FacadeView", self)
         engine = allocator._engine
-        core = engine.core if getattr(engine, "fused", False) else None  # type: ignore[attr-defined]
+        core = fused_core(engine)
         if core is None or allocator._track_changes:
             return
         self.allocate_block_ids = core.allocate  # type: ignore[method-assign]

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from prefixcache.engine.block_ids import to_int_array
-from prefixcache.engine.core import EngineCore
+from prefixcache.engine.core import EngineCore, fused_core
 from prefixcache.engine.facade_view import FacadeView
 from prefixcache.engine.native_engine import native_module
 from prefixcache.errors import BlockStateError, CapacityError, ConfigError, InvalidArgumentError
@@ -110,7 +110,7 @@ class SessionMethods:
                 "use admit_request"
             )
         engine = self._engine
-        core = engine.core if getattr(engine, "fused", False) else None  # type: ignore[attr-defined]
+        core = fused_core(engine)
         # A Python policy object's hooks can raise in any engine call of a turn; the native
         # session's steps are not engine transactions, so such an engine keeps the Python
         # Session (each of its facade calls is one).
@@ -186,7 +186,7 @@ class Session:
         # from the facade's root, salt included; ``fused``): its hash_tokens is then one C
         # call instead of a Python loop over the blocks.
         engine = host._engine
-        core = engine.core if getattr(engine, "fused", False) else None  # type: ignore[attr-defined]
+        core = fused_core(engine)
         self._hash: Any = core.hash_tokens if core is not None else self._facade_hash
 
     # ------------------------------------------------------------------ reading
