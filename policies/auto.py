@@ -8,12 +8,12 @@ from typing import Any
 
 from prefixcache.policies.auto_duels import EXPERTS, Duels
 from prefixcache.policies.auto_safety import LruShadow
+from prefixcache.policies.auto_shortcut import FREQUENCY_CAP, ChainShortcut
 from prefixcache.policies.auto_sketch import ROWS, UseSketch
 from prefixcache.policies.base import EvictionPolicy
 
 __all__ = ["EXPERTS", "AutoPolicy"]
 
-_FREQUENCY_CAP = 3  # "frequent" ranks by min(uses, 3): more classes made it worse on chat
 _MIN_POOL = 64  # the pool estimate never goes below this (tiny pools, tests)
 
 _Entry = tuple[Any, ...]
@@ -27,7 +27,7 @@ def _check_number(name: str, value: object, minimum: float, *, integer: bool = F
         raise ValueError(f"{name} must be {kind} >= {minimum}, got {value!r}")
 
 
-class AutoPolicy(UseSketch, Duels, LruShadow, EvictionPolicy):
+class AutoPolicy(ChainShortcut, UseSketch, Duels, LruShadow, EvictionPolicy):
     """Two experts order the leaves; the one whose choices lost fewest hits lately evicts.
 
     The experts (:data:`EXPERTS`), each a heap of keys over the same tracked leaves:
@@ -40,41 +40,30 @@ class AutoPolicy(UseSketch, Duels, LruShadow, EvictionPolicy):
       prefixes out. Best on scans of one-off prompts (documents, the
       Mooncake trace) and on a Zipf mix of shared system prompts.
 
-    Use counts live in a count-min sketch of the block hashes (4 rows of
-    counters saturating at 15, conservative update, every count halved each
-    ``sample_ratio`` x pool uses), so a prefix that was reused, evicted and
-    computed again is still known as reused, in bounded memory. A use is a
-    registration (:meth:`on_register`), a hand-out seen at :meth:`insert`
-    or a :meth:`touch`.
+    Use counts by hash: a count-min sketch (:mod:`.auto_sketch`), so a
+    prefix reused, evicted and computed again is still known as reused. A
+    use is a registration (:meth:`on_register`), a hand-out seen at
+    :meth:`insert` or a :meth:`touch`.
 
-    Choosing the expert (counterfactual duels): at each eviction both
-    experts name a candidate and the leader's goes. Where they differ, a
-    *duel* opens between the victim's hash and the kept candidate's hash;
-    the first of the two to be used again (a hit on the kept leaf, or the
-    victim's prefix registered again: a miss) shows which choice was wrong,
-    and the expert that named that block is charged one miss. A duel not
-    decided within ``duel_ratio`` x pool later duels is dropped. Charges
-    decay with a half-life of ``half_life_ratio`` x pool registered blocks
-    (each registration is, in a full cache, one eviction to come; counting
-    registrations keeps the clock the same whether or not the engine took
-    the :meth:`evicts_first` shortcut), lazily (see ``_age``). The lead
-    passes to the other expert once its charge is one miss and ``1 -
-    switch_margin`` times below the leader's, and the gap passes a
-    sequential test: leader's minus challenger's > ``switch_z`` x the
-    square root of their sum (the charges as counts of misses, the gap in
-    standard deviations of a fair coin's). Switching costs, since the cache
-    was shaped by the old leader, so a gap of a few duels that chance
-    explains does not move the lead (on chats at 1,000 blocks a fixed 20%
-    margin flipped the lead on noise and lost 0.011). ``frequent`` leads
-    at first.
-    Each duel compares one victim with one kept block, so an expert that
-    evicts a whole chain while the other keeps naming one leaf is compared
-    block for block, which keeps the charges unbiased toward either side.
+    Choosing the expert (:mod:`.auto_duels`): where the experts' candidates
+    differ, a *duel* watches the victim's and the kept block's hashes; the
+    first used again shows whose choice was wrong, and that expert is
+    charged one miss. Charges decay with a half-life of ``half_life_ratio``
+    x pool registered blocks; the lead moves when the challenger is one
+    miss and ``switch_z`` standard deviations ahead. ``frequent`` leads at
+    first.
+
+    Safety net (:mod:`.auto_safety`): plain LRU simulated over the same
+    uses (registrations and :meth:`on_hit`) in a shadow of hashes; when its
+    decayed lead over the real hits passes ``safety_z`` standard
+    deviations, the ``lru`` expert evicts for one half-life. It bounds the
+    loss against LRU per window by construction (the module derives it).
 
     Bounded metadata, as fractions of the pool (estimated as the highest
     block ID seen + 1, at least 64): open duels <= ``duel_ratio`` x pool;
     sketch counters = 4 x the power of two >= ``sketch_ratio`` x pool, one
-    byte each; stays <= the pool. :meth:`metadata` reports them.
+    byte each; stays <= the pool; shadow hashes <= the cached blocks.
+    :meth:`metadata` reports them.
 
     Transactions: every change is recorded with its inverse (the undo log of
     :class:`EvictionPolicy`): tracked entries, stays, duels (with the mark
@@ -105,6 +94,9 @@ class AutoPolicy(UseSketch, Duels, LruShadow, EvictionPolicy):
             the leader's, in ``[0, 1)``.
         switch_z: standard deviations the gap between the charges must
             exceed before the lead moves (>= 0; 0 turns the test off).
+        safety_z: standard deviations LRU's lead must exceed before the
+            safety net hands eviction to ``lru`` (>= 0; ``None`` turns the
+            net off).
 
     Raises:
         ValueError: an argument is out of range.
@@ -185,7 +177,7 @@ class AutoPolicy(UseSketch, Duels, LruShadow, EvictionPolicy):
         self._version += 1
         version = self._version
         lru_key = (last_access, block_id, version)
-        frequent_key = (uses if uses < _FREQUENCY_CAP else _FREQUENCY_CAP, *lru_key)
+        frequent_key = (uses if uses < FREQUENCY_CAP else FREQUENCY_CAP, *lru_key)
         self._tracked[block_id] = (version, lru_key, frequent_key)
         heapq.heappush(self._lru, lru_key)
         heapq.heappush(self._frequent, frequent_key)
@@ -354,87 +346,6 @@ class AutoPolicy(UseSketch, Duels, LruShadow, EvictionPolicy):
         if victims:
             self._resize_shadow(-len(victims), undo)
         return victims
-
-    def evicts_first(
-        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
-    ) -> bool:
-        """Whether ``evict(1)`` would return ``block_id`` right after inserting it; if so, book it.
-
-        The engine evicts a block this answers ``True`` for without the
-        insert-and-evict round trip (the parent a chain eviction exposes).
-        So that the policy learns exactly what the round trip would have
-        taught it, a ``True`` answer also books that eviction's statistics:
-        the block's new uses in the sketch and the duel against the other
-        expert's candidate. It never changes the tracked leaves or their
-        order (the contract of the hook); the bookkeeping is in the undo log
-        like every change. ``False`` where the pool estimate would grow.
-        Complexity: O(1) amortised.
-        """
-        tracked, stays = self._tracked, self._stays
-        if block_id >= self._pool:
-            return False
-        stay = stays.get(block_id)
-        if stay is not None and stay[0] == block_hash and stay[1] <= num_accesses:
-            new_uses = num_accesses - stay[1]  # as in _new_uses, inlined
-        else:
-            new_uses = num_accesses - 1
-        undo = self._txn_undo
-        if not tracked:
-            if new_uses > 0:
-                self._count(block_hash, new_uses, undo)
-            self._resize_shadow(-1, undo)
-            return True
-        lead, fallback = self._next_leader(), self._next_fallback()
-        leader = 0 if fallback else lead  # the expert that evicts (see evict)
-        lru, frequent = self._lru, self._frequent  # the live tops, as in _tops
-        while True:
-            lru_key = lru[0]
-            entry = tracked.get(lru_key[1])
-            if entry is not None and entry[0] == lru_key[2]:
-                break
-            heapq.heappop(lru)
-        lru_first = last_access < lru_key[0] or (
-            last_access == lru_key[0] and block_id < lru_key[1]
-        )
-        if not lru_first and leader == 0:
-            return False
-        while True:
-            frequent_key = frequent[0]
-            entry = tracked.get(frequent_key[2])
-            if entry is not None and entry[0] == frequent_key[3]:
-                break
-            heapq.heappop(frequent)
-        uses = self._uses_after(block_hash, new_uses)
-        if uses > _FREQUENCY_CAP:
-            uses = _FREQUENCY_CAP
-        frequent_first = uses < frequent_key[0] or (
-            uses == frequent_key[0]
-            and (
-                last_access < frequent_key[1]
-                or (last_access == frequent_key[1] and block_id < frequent_key[2])
-            )
-        )
-        if not frequent_first and leader == 1:
-            return False
-        # Booked as evict(1) would: the leader, the new uses, the stay, the duel.
-        if lead != self._leader:
-            if undo is not None:
-                undo.append((setattr, self, "_leader", self._leader))
-            self._leader = lead
-        self._set_fallback(fallback, undo)
-        if new_uses > 0:
-            self._count(block_hash, new_uses, undo)
-        if stay is not None:
-            del stays[block_id]
-            if undo is not None:
-                undo.append((stays.__setitem__, block_id, stay))
-        if not (lru_first and frequent_first):
-            kept = frequent_key[2] if leader == 0 else lru_key[1]
-            kept_hash = stays[kept][0]
-            if kept_hash != block_hash:
-                self._open((block_hash, 1 << leader, kept_hash, 2 >> leader), undo)
-        self._resize_shadow(-1, undo)
-        return True
 
     def _unevict(self, victim: int, entry: _Entry, stay: tuple[int, int], leader: int) -> None:
         """Take one eviction back: the leader and the victim."""

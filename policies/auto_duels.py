@@ -21,7 +21,7 @@ EXPERTS = ("lru", "frequent")
 """The experts, by index: how each orders the tracked leaves (see :class:`AutoPolicy`)."""
 
 Duel = tuple[int, int, int, int]
-"""(victim hash, experts that named it, kept hash, experts that named it): bit 0 lru, bit 1 frequent."""
+"""(victim hash, experts that named it, kept hash, experts that named it); bit 0: lru."""
 
 
 class Duels:
