@@ -157,6 +157,7 @@ class AutoPolicy(ChainShortcut, UseSketch, Duels, LruShadow, EvictionPolicy):
         self._z = float(switch_z)
         self._safety_on = safety_z is not None
         self._safety_z = 0.0 if safety_z is None else float(safety_z)
+        self._hold_ratio = 1.0  # one trip holds for 1 x pool registrations (see auto_safety)
         self._shadow_stamp = 0  # never taken back: a stale shadow heap entry must stay stale
         rng = random.Random(seed)
         self._multipliers = tuple(rng.getrandbits(64) | 1 for _ in range(ROWS))

@@ -63,7 +63,7 @@ class LruShadow:
     _registered: int  # blocks registered since clear: the hold's clock
     _hold_until: int  # while _fallback: _registered at which eviction is given back
     _pool: int
-    _half_life_ratio: float
+    _hold_ratio: float  # registered blocks per pool block that one trip holds eviction
     _weight: float
     _txn_undo: list[Any] | None
 
@@ -181,7 +181,7 @@ class LruShadow:
         self._fallback = fallback
         if fallback:
             self._net = (0.0, 0.0)
-            self._hold_until = self._registered + max(1, int(self._half_life_ratio * self._pool))
+            self._hold_until = self._registered + max(1, int(self._hold_ratio * self._pool))
 
     def _set_net_state(self, fallback: bool, net: tuple[float, float], hold_until: int) -> None:
         self._fallback, self._net, self._hold_until = fallback, net, hold_until
