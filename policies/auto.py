@@ -56,7 +56,7 @@ class AutoPolicy(ChainShortcut, UseSketch, Duels, LruShadow, EvictionPolicy):
     Safety net (:mod:`.auto_safety`): plain LRU simulated over the same
     uses (registrations and :meth:`on_hit`) in a shadow of hashes; when its
     decayed lead over the real hits passes ``safety_z`` standard
-    deviations, the ``lru`` expert evicts for one half-life. It bounds the
+    deviations, the ``lru`` expert evicts for 1 x pool registrations. It bounds the
     loss against LRU per window by construction (the module derives it).
 
     Bounded metadata, as fractions of the pool (estimated as the highest

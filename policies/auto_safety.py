@@ -18,9 +18,11 @@ Uses on which both hit or both miss count nothing. ``gap`` (LRU's lead) and
 ``_weight`` clock). The net hands eviction to the ``lru`` expert when
 ``gap`` >= 1 miss and ``gap > safety_z x sqrt(volume)`` (a one-sided
 sequential test: under "auto is no worse than LRU" each counted use is a +-1
-of mean <= 0, so the gap exceeds ``safety_z`` standard deviations by chance
-with probability about ``1 - Phi(safety_z)``), and gives it back once the gap
-is under one miss.
+of mean <= 0, so at one look the gap exceeds ``safety_z`` standard
+deviations by chance with probability about ``1 - Phi(safety_z)``; looking at
+every eviction raises that, which the hold below limits the cost of). A trip
+resets the gap and volume to 0 and holds eviction for 1 x pool registered
+blocks; then ``auto``'s leader evicts again and the test starts afresh.
 
 Bound: while ``auto`` evicts by its own leader, its decayed deficit against the
 shadow stays under ``max(1, safety_z x sqrt(volume))`` misses, plus the uses
@@ -28,9 +30,10 @@ of one step; ``volume`` is at most the uses in the window (half-life
 ``half_life_ratio`` x pool registrations, so at most about 1.44 x that many
 decayed uses per registration), so the regret against LRU per window is
 O(sqrt(uses per window)): a vanishing share of them as the window grows. Once
-the net trips, ``auto`` evicts exactly as LRU does; the gap then grows only
-while the cache the other expert shaped turns over (about one cache of
-misses). What it is not: a bound against LRU's hits on the whole trace (the
+the net trips, ``auto`` evicts exactly as LRU does for the hold; what it can
+still lose then is the turnover of the cache the other expert shaped (at most
+one cache of misses a hold). A false trip costs at most one hold of LRU's
+choices. What it is not: a bound against LRU's hits on the whole trace (the
 window decays), nor exact where the hit stream is incomplete (an engine that
 does not call :meth:`on_hit`: the net stays off there, see ``_sees_hits``).
 
@@ -173,7 +176,8 @@ class LruShadow:
 
     def _set_fallback(self, fallback: bool, undo: list[Any] | None) -> None:
         """Trip or release the net. Tripping starts a fresh test (the gap and volume go to 0)
-        and holds eviction for one half-life of the charges, in registered blocks."""
+        and holds eviction for 1 x pool registered blocks (a quarter of the charges' half-life:
+        4 x pool held too long after a false trip, -0.018 on train documents at mid capacity)."""
         if fallback == self._fallback:
             return
         if undo is not None:
