@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-OPTIONAL_HOOKS = ("on_register", "set_retention", "evicts_first")
+OPTIONAL_HOOKS = ("on_register", "set_retention", "evicts_first", "on_hit")
 """The optional methods whose base-class defaults a policy may override."""
 
 _LEGACY_METHODS = ("insert", "discard", "touch", "evict", "clear", "__len__", "__contains__")
@@ -194,6 +194,18 @@ class EvictionPolicy(ABC):
         registration adds, before it commits the registration. The list
         belongs to the caller: copy what you keep. The default does nothing.
         Complexity: O(len(block_hashes)) at most; it is on the serving path.
+        """
+        return None
+
+    def on_hit(self, block_hashes: list[int]) -> None:
+        """A request just took the cached prefix ``block_hashes`` (root first): one hit each.
+
+        Every matched block, inner ones included: a hit that ends inside a
+        chain hands no leaf out, so :meth:`discard` alone does not see it.
+        The Python engine calls it after the request's references are taken,
+        outside any transaction (nothing to undo: the hit happened); the
+        native engine does not call it yet. The list belongs to the caller.
+        The default does nothing. Complexity: O(len(block_hashes)) at most.
         """
         return None
 

@@ -18,7 +18,7 @@ from prefixcache.engine.registration import Registrar
 from prefixcache.engine.registry import ROOT, HashRegistry
 from prefixcache.engine.types import NO_HASH
 from prefixcache.errors import BlockStateError
-from prefixcache.policies import EvictionPolicy
+from prefixcache.policies import EvictionPolicy, has_hook
 
 _EMPTY_FREED = np.empty(0, dtype=np.int32)
 
@@ -64,6 +64,7 @@ class PythonEngine(PythonEvictionSteps):
         page_size: int = 1,
     ) -> None:
         self.policy = policy
+        self._observe_hit = policy.on_hit if has_hook(policy, "on_hit") else None
         if cache_unreferenced is None:
             cache_unreferenced = bool(getattr(policy, "retains_unreferenced", True))
         self.retains_unreferenced = cache_unreferenced
@@ -313,6 +314,9 @@ class PythonEngine(PythonEvictionSteps):
                 self._take_references(matched, None)
             else:
                 self._take_references(*count_occurrences(matched))
+            if self._observe_hit is not None:  # after the references: they are the fallible part
+                hash_of = self.registry.hash_of
+                self._observe_hit([int(hash_of(block_id)) for block_id in matched.tolist()])
         self._num_queried += num_queried
         self._num_hits += len(matched)
 
