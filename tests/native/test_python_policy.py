@@ -309,6 +309,13 @@ def test_a_policy_object_runs_natively_or_says_why(monkeypatch: pytest.MonkeyPat
     )
     assert large.engine == "python" and "copy of the engine's state" in large.engine_reason
 
+    class HitCounting(LRUPolicy):
+        def on_hit(self, block_hashes: list[int]) -> None:  # the native engine never calls it
+            pass
+
+    counting = KVBlockAllocator(total_count=8, device="cpu", eviction_policy=HitCounting())
+    assert counting.engine == "python" and "on_hit hook" in counting.engine_reason
+
 
 def test_a_bad_victim_is_an_invariant_error_and_changes_nothing() -> None:
     """evict(1) returning a block the engine does not track is refused as on Python."""
