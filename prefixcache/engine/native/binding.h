@@ -1,4 +1,4 @@
-// Argument parsing and result helpers shared by module.cpp and module_engine.cpp.
+// Argument parsing (module_args.cpp) and result helpers (module.cpp) shared by the binding files.
 // Each parser raises the library's own exception and returns false on bad input.
 
 #ifndef PREFIXCACHE_ENGINE_NATIVE_BINDING_H_
@@ -18,6 +18,8 @@
 namespace prefixcache {
 
 PyObject* native_raise(ErrorKind kind, const std::string& message);
+/// Whether the pending error is a refused re-entry (CallGuard's ReentrantCallError).
+bool native_reentry_pending();
 PyObject* native_block_ids(const int32_t* values, size_t size);
 PyObject* native_new_block_ids(Py_ssize_t size, int32_t** data);
 bool native_parse_ids(PyObject* obj, int32_t num_usable, std::vector<int32_t>& out,
