@@ -93,6 +93,17 @@ inline bool parse_one_id(EngineObject* self, PyObject* arg, int32_t* out) {
   return true;
 }
 
+// Partitions, relocation and the clock (module_partitions.cpp).
+FASTCALL(engine_move);
+FASTCALL(engine_relocate);
+PyObject* engine_touch(PyObject* py_self, PyObject* arg);
+PyObject* engine_evict(PyObject* py_self, PyObject* arg);
+PyObject* engine_set_retention(PyObject* py_self, PyObject* args);
+PyObject* engine_has_retention(PyObject* py_self, PyObject*);
+PyObject* engine_advance_clock(PyObject* py_self, PyObject* arg);
+PyObject* engine_reference_counts(PyObject* py_self, PyObject* arg);
+PyObject* engine_describe_state(PyObject* py_self, PyObject* arg);
+
 // Prefix reuse (module_prefix.cpp).
 PyObject* engine_lookup(PyObject* py_self, PyObject* arg);
 FASTCALL(engine_take_hit);
