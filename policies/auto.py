@@ -301,20 +301,27 @@ class AutoPolicy(ChainShortcut, UseSketch, Duels, LruShadow, EvictionPolicy):
 
     def _tops(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The live top key of each expert's heap, stale entries dropped (tracked non-empty)."""
-        tracked, lru, frequent = self._tracked, self._lru, self._frequent
+        return self._lru_top(), self._frequent_top()
+
+    def _lru_top(self) -> tuple[int, ...]:
+        """The lru expert's live top key (last access, block ID, version); stale keys dropped."""
+        tracked, lru = self._tracked, self._lru
         while True:
-            lru_key = lru[0]
-            entry = tracked.get(lru_key[1])
-            if entry is not None and entry[0] == lru_key[2]:
-                break
+            key = lru[0]
+            entry = tracked.get(key[1])
+            if entry is not None and entry[0] == key[2]:
+                return key
             heapq.heappop(lru)
+
+    def _frequent_top(self) -> tuple[int, ...]:
+        """The frequent expert's live top key (uses, last access, block ID, version)."""
+        tracked, frequent = self._tracked, self._frequent
         while True:
-            frequent_key = frequent[0]
-            entry = tracked.get(frequent_key[2])
-            if entry is not None and entry[0] == frequent_key[3]:
-                break
+            key = frequent[0]
+            entry = tracked.get(key[2])
+            if entry is not None and entry[0] == key[3]:
+                return key
             heapq.heappop(frequent)
-        return lru_key, frequent_key
 
     def evict(self, num_blocks: int) -> list[int]:
         """Remove up to ``num_blocks`` leaves, each the leading expert's candidate.

@@ -13,7 +13,6 @@ without the shortcut give the same hits, charges and metadata
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING, Any
 
 FREQUENCY_CAP = 3  # "frequent" ranks by min(uses, 3): more classes made it worse on chat
@@ -24,8 +23,6 @@ class ChainShortcut:
 
     _tracked: dict[int, tuple[Any, ...]]
     _stays: dict[int, tuple[int, int]]
-    _lru: list[tuple[int, int, int]]
-    _frequent: list[tuple[int, int, int, int]]
     _pool: int
     _leader: int
     _txn_undo: list[Any] | None
@@ -39,6 +36,8 @@ class ChainShortcut:
         def _uses_after(self, block_hash: int, new_uses: int) -> int: ...
         def _resize_shadow(self, change: int, undo: list[Any] | None) -> None: ...
         def _open(self, duel: tuple[int, int, int, int], undo: list[Any] | None) -> None: ...
+        def _lru_top(self) -> tuple[int, ...]: ...
+        def _frequent_top(self) -> tuple[int, ...]: ...
 
     def evicts_first(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
@@ -71,24 +70,13 @@ class ChainShortcut:
             return True
         lead, fallback = self._next_leader(), self._next_fallback()
         leader = 0 if fallback else lead  # the expert that evicts (see evict)
-        lru, frequent = self._lru, self._frequent  # the live tops, as in _tops
-        while True:
-            lru_key = lru[0]
-            entry = tracked.get(lru_key[1])
-            if entry is not None and entry[0] == lru_key[2]:
-                break
-            heapq.heappop(lru)
+        lru_key = self._lru_top()
         lru_first = last_access < lru_key[0] or (
             last_access == lru_key[0] and block_id < lru_key[1]
         )
         if not lru_first and leader == 0:
             return False
-        while True:
-            frequent_key = frequent[0]
-            entry = tracked.get(frequent_key[2])
-            if entry is not None and entry[0] == frequent_key[3]:
-                break
-            heapq.heappop(frequent)
+        frequent_key = self._frequent_top()
         uses = self._uses_after(block_hash, new_uses)
         if uses > FREQUENCY_CAP:
             uses = FREQUENCY_CAP
