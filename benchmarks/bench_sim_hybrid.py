@@ -27,33 +27,21 @@ from machine import cpu_model  # benchmarks/machine.py, beside this script
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from prefixcache.reference.sim_hybrid import HybridSimReport, HybridSimRequest, run_hybrid
-from prefixcache.reference.toy_hybrid import ToyHybridModel
-from prefixcache.serving.hybrid import build_hybrid_memory
-from prefixcache.serving.layer_groups import LayerGroupSpec
-from prefixcache.serving.state_pool import StateShape
+from prefixcache.reference.toy_hybrid import ToyHybridModel, build_toy_hybrid
 
 VOCAB = 64
 
 
 def build_model() -> ToyHybridModel:
     """A fresh memory and model (same weights every time: seed 0)."""
-    memory = build_hybrid_memory(
-        [
-            LayerGroupSpec("full", "full", num_layers=2, k_heads=2, k_head_dim=8),
-            LayerGroupSpec("swa", "sliding_window", 2, 2, 8, window=16, pool="full"),
-            LayerGroupSpec("idx", "indexer", num_layers=1, k_heads=1, k_head_dim=8),
-        ],
+    return build_toy_hybrid(
         num_blocks=256,
         block_size=8,
+        window=16,
         max_requests=12,
-        max_blocks_per_request=16,
-        linear=StateShape(num_layers=4, num_heads=2, k_dim=8, v_dim=8, conv_dim=16, conv_kernel=4),
         num_checkpoints=16,
-        checkpoint_every=2,
-        dtype=torch.float32,
-        device="cpu",
+        vocab_size=VOCAB,
     )
-    return ToyHybridModel(memory, vocab_size=VOCAB)
 
 
 def workload(num_requests: int, seed: int) -> list[HybridSimRequest]:

@@ -13,31 +13,14 @@ cache, exactly (the loop raises on any difference).
 Run: python examples/hybrid_serving.py
 """
 
-import torch
-
 from prefixcache.reference.sim_hybrid import HybridSimRequest, run_hybrid
-from prefixcache.reference.toy_hybrid import ToyHybridModel
-from prefixcache.serving.hybrid import build_hybrid_memory
-from prefixcache.serving.layer_groups import LayerGroupSpec
-from prefixcache.serving.state_pool import StateShape
+from prefixcache.reference.toy_hybrid import build_toy_hybrid
 
-memory = build_hybrid_memory(
-    [
-        LayerGroupSpec("full", "full", num_layers=2, k_heads=2, k_head_dim=8),
-        LayerGroupSpec("swa", "sliding_window", 2, 2, 8, window=8, pool="full"),
-        LayerGroupSpec("indexer", "indexer", num_layers=1, k_heads=1, k_head_dim=8),
-    ],
-    num_blocks=128,
-    block_size=4,
-    max_requests=8,
-    max_blocks_per_request=16,
-    linear=StateShape(num_layers=4, num_heads=2, k_dim=8, v_dim=8, conv_dim=16, conv_kernel=4),
-    num_checkpoints=8,
-    checkpoint_every=2,
-    dtype=torch.float32,
-    device="cpu",
+# Full-attention, sliding-window (8 tokens), indexer and linear-attention layers
+# (prefixcache.reference.toy_hybrid.build_toy_hybrid spells out the layer groups).
+model = build_toy_hybrid(
+    num_blocks=128, block_size=4, window=8, max_requests=8, num_checkpoints=8, vocab_size=64
 )
-model = ToyHybridModel(memory, vocab_size=64)
 
 system_prompt = [7, 3, 9, 1, 4, 4, 2, 8, 5, 6, 0, 3, 1, 9, 9, 2, 7]  # 17 tokens
 requests = [

@@ -29,8 +29,9 @@ import torch
 
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import InvalidArgumentError
-from prefixcache.serving.hybrid import HybridMemory, HybridRequest
+from prefixcache.serving.hybrid import HybridMemory, HybridRequest, build_hybrid_memory
 from prefixcache.serving.layer_groups import LayerGroupSpec
+from prefixcache.serving.state_pool import StateShape
 
 _DECAY = 0.9
 
@@ -243,3 +244,39 @@ class ToyHybridModel:
         v = (c @ w_v).view(heads, v_dim)
         state.mul_(_DECAY).add_(k[:, :, None] * v[:, None, :])
         return (q[:, :, None] * state).sum(dim=1).reshape(-1) @ w_out
+
+
+def build_toy_hybrid(
+    *,
+    num_blocks: int,
+    block_size: int,
+    window: int,
+    max_requests: int,
+    num_checkpoints: int,
+    vocab_size: int,
+    max_blocks_per_request: int = 16,
+) -> ToyHybridModel:
+    """A :class:`ToyHybridModel` over a fresh CPU float32 memory with every kind of layer.
+
+    Two full-attention layers, two sliding-window layers over ``window`` tokens sharing
+    the full-attention pool, one indexer layer, four linear-attention layers (a state
+    checkpoint every 2 blocks, ``num_checkpoints`` of them): the mix the hybrid serving
+    example and ``benchmarks/bench_sim_hybrid.py`` run. Same weights every time (seed 0).
+    """
+    memory = build_hybrid_memory(
+        [
+            LayerGroupSpec("full", "full", num_layers=2, k_heads=2, k_head_dim=8),
+            LayerGroupSpec("swa", "sliding_window", 2, 2, 8, window=window, pool="full"),
+            LayerGroupSpec("indexer", "indexer", num_layers=1, k_heads=1, k_head_dim=8),
+        ],
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_requests=max_requests,
+        max_blocks_per_request=max_blocks_per_request,
+        linear=StateShape(num_layers=4, num_heads=2, k_dim=8, v_dim=8, conv_dim=16, conv_kernel=4),
+        num_checkpoints=num_checkpoints,
+        checkpoint_every=2,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    return ToyHybridModel(memory, vocab_size=vocab_size)
