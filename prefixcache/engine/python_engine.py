@@ -13,6 +13,7 @@ from prefixcache.engine.journal import PolicyJournal
 from prefixcache.engine.partitions import PartitionLedger
 from prefixcache.engine.pool import BlockPool
 from prefixcache.engine.python_eviction import PythonEvictionSteps
+from prefixcache.engine.python_partitions import PythonPartitionSteps
 from prefixcache.engine.references import ReferenceTable, check_headroom, count_occurrences
 from prefixcache.engine.registration import Registrar
 from prefixcache.engine.registry import ROOT, HashRegistry
@@ -23,7 +24,7 @@ from prefixcache.policies import EvictionPolicy, has_hook
 _EMPTY_FREED = np.empty(0, dtype=np.int32)
 
 
-class PythonEngine(PythonEvictionSteps):
+class PythonEngine(PythonEvictionSteps, PythonPartitionSteps):
     """Block state in numpy arrays and Python collaborators; drives any eviction policy.
 
     The readable reference of :class:`~prefixcache.engine.core.EngineCore`
@@ -392,45 +393,11 @@ class PythonEngine(PythonEvictionSteps):
             chains.append((block_hash, None if parent_id == ROOT else registry.hash_of(parent_id)))
         return chains
 
-    # ------------------------------------------------------------------ partitions and time
-
-    def move(self, block_ids: np.ndarray, *, to_paused: bool) -> None:
-        refs = self.refs
-        unique, counts = count_occurrences(block_ids)
-        delta = 1 if counts is None else counts
-        active, paused = refs.active[unique], refs.paused[unique]
-        # Inside a free group, queued releases are no longer the caller's to pause.
-        held = active - refs.pending[unique] if to_paused else paused
-        refs.check_can_drop(
-            unique, counts, held, "active" if to_paused else "paused", self.describe_state
-        )
-        check_headroom(
-            unique, paused if to_paused else active, delta, "paused" if to_paused else "active"
-        )
-        ledger = self.ledger
-        after_active, after_paused, total_active, total_paused, total_holding = ledger.plan_move(
-            active, paused, delta, to_paused=to_paused
-        )
-        refs.active[unique] = after_active
-        refs.paused[unique] = after_paused
-        ledger.num_active, ledger.num_paused = total_active, total_paused
-        ledger.num_holding_paused = total_holding
-
-    def reference_counts(self, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.refs.active[block_ids], self.refs.paused[block_ids]
-
     def relocate(self, sources: np.ndarray, destinations: np.ndarray, *, check_only: bool) -> None:
         relocate_blocks(self, sources, destinations, check_only=check_only)
 
     def free_ids(self) -> np.ndarray:
         return self.pool.free_ids()
-
-    def describe_state(self, block_id: int) -> str:
-        if self.refs.active[block_id] > 0:
-            return "active"
-        if self.refs.paused[block_id] > 0:
-            return "paused"
-        return "cached" if self.registry.is_registered[block_id] else "free"
 
     # ------------------------------------------------------------------ collaborators
 
