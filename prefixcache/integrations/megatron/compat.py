@@ -254,13 +254,7 @@ class MegatronCompatAllocator(MegatronKVBlockAllocator):
             del table[key]
         if self.on_blocks_deregistered is not None:
             self.on_blocks_deregistered(ids.tolist(), keys)
-        if self._is_lru:
-            parents = self._parents[ids]
-            np.subtract.at(self._children, parents[parents >= 0], 1)
-            self._parents[ids] = -1
-            self._children[ids] = 0
-            self._stamps[ids] = 0
-        self._hashes[ids] = -1
+        self._clear_mirrors(ids)
         self._refs[ids] = 0
         on_stack = self._stacked[ids]
         self._unbind(ids)

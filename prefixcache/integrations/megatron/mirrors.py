@@ -112,7 +112,10 @@ class MirrorMethods:
         block_ids = [self.kv_hash_to_block_id.pop(h) for h in removed]
         if self.on_blocks_deregistered is not None:
             self.on_blocks_deregistered(list(block_ids), set(removed))
-        ids = np.array(block_ids, dtype=np.int64)
+        self._clear_mirrors(np.array(block_ids, dtype=np.int64))
+
+    def _clear_mirrors(self, ids: np.ndarray) -> None:
+        """Forget the hashes of ``ids`` in the mirrors (and, under LRU, their tree links)."""
         if self._is_lru:
             parents = self._parents[ids]
             np.subtract.at(self._children, parents[parents >= 0], 1)
