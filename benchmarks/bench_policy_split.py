@@ -19,6 +19,7 @@ Usage, from the repository root::
     python benchmarks/bench_policy_split.py  # 1,500 requests a trace (the sample's length)
     python benchmarks/bench_policy_split.py --quick  # 300 requests a trace
     python benchmarks/bench_policy_split.py --policies lru,s3fifo,auto --out table.md
+    python benchmarks/bench_policy_split.py --sides test  # the README's table: test side only
 
 Policies run on the default engine: the native one where it runs the policy
 (every built-in but ``auto``), the Python one for ``auto`` and ``belady``
@@ -126,6 +127,37 @@ def summary(runs: Mapping[tuple[str, int | None], Rates], names: Sequence[str]) 
     return [*lines, ""]
 
 
+def family_table(
+    runs: Mapping[tuple[str, int | None], Rates], names: Sequence[str], lead: str = "auto"
+) -> list[str]:
+    """Per trace, the share of the optimum of ``lru``, ``lead`` and the best built-in.
+
+    The README's policy table (issue 26, item 5): one row a trace, each cell
+    ``small / mid / large`` shares; the best built-in is named at mid capacity.
+    """
+    heads = " | ".join(f"{name}: small / mid / large" for name in ("lru", lead, "best built-in"))
+    lines = [f"| trace | {heads} | optimum, mid |", "| --- |" + " ---: |" * 4]
+    for (family, seed), rates in runs.items():
+        best = {
+            label: max((name for name in names if name != lead), key=lambda n: rates[n, label])
+            for label in SHARES
+        }
+        row = [
+            f"`{family}`" + (f" seed {seed}" if seed is not None else ""),
+            _shares(rates, dict.fromkeys(SHARES, "lru")) if "lru" in names else "-",
+            _shares(rates, dict.fromkeys(SHARES, lead)) if lead in names else "-",
+            f"{_shares(rates, best)} (mid: {best['mid']})",
+            f"{rates[OPTIMUM_POLICY, 'mid']:.3f}",
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return [*lines, ""]
+
+
+def _shares(rates: Rates, policy_at: Mapping[str, str]) -> str:
+    """``small / mid / large``: the share of the optimum of ``policy_at[label]`` at each."""
+    return " / ".join(f"{_share(rates, policy_at[label], label):.2f}" for label in SHARES)
+
+
 def _share(rates: Rates, name: str, label: str) -> float:
     optimum = rates[OPTIMUM_POLICY, label]
     return rates[name, label] / optimum if optimum else 0.0
@@ -166,13 +198,21 @@ def main(argv: list[str] | None = None) -> None:
     default_policies = [name for name in online_policies() if name != "ref_zero"]
     parser.add_argument("--policies", default=",".join(default_policies))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--sides", default="train,test", help="which sides to replay: train, test or both"
+    )
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     num_requests = QUICK_REQUESTS if args.quick else args.requests
     names = [name for name in args.policies.split(",") if name != OPTIMUM_POLICY]
     lines = ["## Train/test split: every policy against the optimum", "", *header(argv)]
     start = time.perf_counter()
+    sides = [side for side in args.sides.split(",") if side]
+    if not sides or set(sides) - {"train", "test"}:
+        parser.error(f"--sides takes train, test or train,test; got {args.sides!r}")
     for side, pairs in (("train", split.TRAIN), ("test", split.TEST)):
+        if side not in sides:
+            continue
         runs: dict[tuple[str, int | None], Rates] = {}
         tables: list[str] = []
         for family, seed in pairs:
@@ -182,7 +222,9 @@ def main(argv: list[str] | None = None) -> None:
             elapsed = time.perf_counter() - start
             print(f"{side} {family} {seed}: {elapsed:.0f} s", file=sys.stderr, flush=True)
         lines += [f"### {side.capitalize()} side: summary ({len(pairs)} traces x 3 capacities)", ""]
-        lines += summary(runs, names) + tables
+        lines += summary(runs, names)
+        lines += [f"Share of the optimum per trace ({side} side):", "", *family_table(runs, names)]
+        lines += tables
     lines.append(f"Run time: {time.perf_counter() - start:.0f} s.")
     text = "\n".join(lines)
     if args.out is not None:

@@ -83,3 +83,21 @@ def test_bench_replays_every_policy_and_the_optimum_at_the_three_capacities() ->
         assert rates["belady", label] >= rates["lru", label]
     lines = bench["summary"]({("multi_turn_chats", 1): rates}, ["lru", "fifo"])
     assert lines[2].startswith("| lru |") and "3/3" in lines[2]  # lru is within 0.005 of itself
+
+
+def test_bench_family_table_gives_each_share_and_names_the_best_built_in() -> None:
+    bench = _bench()
+    labels = ("small", "mid", "large")
+    rates = {("belady", label): 0.5 for label in labels}
+    rates |= {("lru", label): 0.1 for label in labels}
+    rates |= {("fifo", "small"): 0.2, ("fifo", "mid"): 0.05, ("fifo", "large"): 0.25}
+    rates |= {("auto", label): 0.4 for label in labels}
+    lines = bench["family_table"]({("chats", 3): rates}, ["lru", "fifo", "auto"])
+    cells = [cell.strip() for cell in lines[2].strip("|").split("|")]
+    assert cells == [
+        "`chats` seed 3",
+        "0.20 / 0.20 / 0.20",
+        "0.80 / 0.80 / 0.80",
+        "0.40 / 0.20 / 0.50 (mid: lru)",  # auto, the lead, is not a built-in here
+        "0.500",
+    ]
