@@ -10,8 +10,8 @@
 // (std::pow for Python's float ** int, std::sqrt), the same ties (lower block ID). Where the
 // Python class keeps lazy heaps of versioned keys, this keeps indexed heaps (keyed_heap.h):
 // the live minimum by (key, block ID) is the same entry. Duels live in slots linked in ID
-// order (the oldest first) and per hash; the LRU shadow is a LinkedMap in recency order
-// (the Python class's stamps only ever order it). No undo log: a native policy is never
+// order (the oldest first) and per hash; the LRU shadow is a RecencySet (recency_set.h:
+// the Python class's stamps only ever order it). No undo log: a native policy is never
 // rolled back (the engine checks before it writes), and the Python class's never-reused
 // counters (versions, duel IDs, stamps) only ever order or identify, so skipping them
 // changes nothing. The sketch's multipliers come from Python's random.Random(seed), computed
@@ -28,6 +28,7 @@
 #include "../policy.h"
 #include "keyed_heap.h"
 #include "linked_map.h"
+#include "recency_set.h"
 
 namespace prefixcache {
 
@@ -145,7 +146,7 @@ class AutoPolicy final : public CopyablePolicy<AutoPolicy> {
   int leader_ = 1;                  // "frequent" leads at first
 
   // Safety net (auto_safety.cpp).
-  LinkedMap<char> shadow_;  // hashes, least recently used first
+  RecencySet shadow_;  // hashes, least recently used first
   int64_t shadow_size_ = 1;
   bool sees_hits_ = false;
   double gap_ = 0.0, volume_ = 0.0;  // the net's decayed (gap, volume), in units of weight_

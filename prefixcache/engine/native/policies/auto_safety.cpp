@@ -3,7 +3,7 @@
 // A registration (a real miss) of a hash the shadow holds is +1 for LRU, a hit (on_hit) on
 // a hash it lacks -1; when the lead passes safety_z standard deviations the lru expert
 // evicts for 1 x pool registrations. The Python class orders its shadow by stamps that only
-// grow; here a LinkedMap keeps the same order (a use moves the hash to the newest end).
+// grow; here a RecencySet keeps the same order (a use moves the hash to the newest end).
 #include <algorithm>
 #include <cmath>
 
@@ -23,10 +23,9 @@ void AutoPolicy::clear_shadow() {
 
 bool AutoPolicy::refresh(int64_t block_hash) {
   // Use ``block_hash`` in the shadow (most recent now); whether the shadow held it.
-  const bool held = shadow_.erase(block_hash);
-  shadow_.put(block_hash, 0);
-  if (!held && static_cast<int64_t>(shadow_.size()) > shadow_size_) shadow_.pop_oldest();
-  return held;
+  if (shadow_.use(block_hash)) return true;
+  if (static_cast<int64_t>(shadow_.size()) > shadow_size_) shadow_.pop_oldest();
+  return false;
 }
 
 void AutoPolicy::resize_shadow(int64_t change) {

@@ -10,7 +10,8 @@ namespace prefixcache {
 
 void AutoPolicy::resize_sketch(int64_t pool) {
   // Size the sketch for ``pool`` blocks, keeping every count (a wider row repeats them).
-  int64_t width = 1;
+  // The Python class counts up from 1; the pool only grows, so from width_ is the same.
+  int64_t width = width_;
   while (static_cast<double>(width) < options_.sketch_ratio * static_cast<double>(pool)) {
     width *= 2;
   }
@@ -22,11 +23,9 @@ void AutoPolicy::resize_sketch(int64_t pool) {
   // two, so each new counter starts at the count of the old one it came from.
   const int64_t factor = width / width_;
   std::vector<uint8_t> grown(static_cast<size_t>(kAutoRows * width));
-  for (int64_t row = 0; row < kAutoRows; ++row) {
-    for (int64_t i = 0; i < width; ++i) {
-      grown[static_cast<size_t>(row * width + i)] =
-          sketch_[static_cast<size_t>(row * width_ + i / factor)];
-    }
+  size_t at = 0;
+  for (const uint8_t counter : sketch_) {  // row by row, each old counter factor times
+    for (int64_t copy = 0; copy < factor; ++copy) grown[at++] = counter;
   }
   sketch_.swap(grown);
   width_ = width;
