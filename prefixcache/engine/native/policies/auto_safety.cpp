@@ -11,6 +11,12 @@
 
 namespace prefixcache {
 
+namespace {
+
+constexpr size_t kLookAhead = 6;  // a run of uses prefetches the shadow slot this far ahead
+
+}  // namespace
+
 void AutoPolicy::clear_shadow() {
   shadow_.clear();
   shadow_size_ = 1;
@@ -45,7 +51,10 @@ void AutoPolicy::shadow_misses(const int64_t* hashes, size_t count) {
   // first, so that the run's head ends most recent.
   registered_ += static_cast<int64_t>(count);
   int64_t held = 0;
-  for (size_t i = count; i-- > 0;) held += refresh(hashes[i]);
+  for (size_t i = count; i-- > 0;) {
+    if (i >= kLookAhead) shadow_.prefetch(hashes[i - kLookAhead]);
+    held += refresh(hashes[i]);
+  }
   score(held, held);
 }
 
@@ -53,7 +62,10 @@ void AutoPolicy::on_hit(const int64_t* hashes, size_t count) {
   // A request took the cached prefix: -1 for LRU per hash the shadow lacks (leaf first).
   sees_hits_ = true;
   int64_t missed = 0;
-  for (size_t i = count; i-- > 0;) missed += !refresh(hashes[i]);
+  for (size_t i = count; i-- > 0;) {
+    if (i >= kLookAhead) shadow_.prefetch(hashes[i - kLookAhead]);
+    missed += !refresh(hashes[i]);
+  }
   score(-missed, missed);
 }
 
