@@ -22,7 +22,6 @@ from prefixcache.engine.wide_keys import WideKeyEngine
 from prefixcache.errors import ConfigError
 from prefixcache.policies import (
     ARCPolicy,
-    AutoPolicy,
     EvictionPolicy,
     FIFOPolicy,
     HazardPolicy,
@@ -37,6 +36,7 @@ from prefixcache.policies import (
     has_hook,
     is_transactional,
 )
+from prefixcache.policies.auto import AutoPolicy
 
 ENGINE_ENV = "PREFIXCACHE_ENGINE"
 """Environment variable that overrides ``engine="auto"``: ``python`` or ``native``."""
@@ -185,7 +185,8 @@ def native_unsupported_reason(config: AllocatorConfig, policy: EvictionPolicy) -
         return f"the extension is not built ({native_unavailable_reason()})"
     if isinstance(policy, AutoPolicy) and config.hash_algo != "xxh3_64":
         # The engine would hand auto keys, not hashes: its sketch would count other cells.
-        return f"auto's sketch counts hashes, and under hash_algo={config.hash_algo!r} it would see keys"
+        algo = config.hash_algo
+        return f"auto's sketch counts hashes, and under hash_algo={algo!r} it would see keys"
     if native_policy(config, policy) is None and python_policy_reason(config, policy) is not None:
         spec = config.eviction_policy
         # A policy object by its class: one reason (and one log line) for all its instances.

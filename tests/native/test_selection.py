@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from prefixcache.policies import AutoPolicy, LRUPolicy
+from prefixcache.policies import LRUPolicy
+from prefixcache.policies.auto import AutoPolicy
 
 from prefixcache import KVBlockAllocator
 from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
