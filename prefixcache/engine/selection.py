@@ -117,7 +117,8 @@ def native_policy_spec(spec: object, policy: EvictionPolicy) -> tuple[str, dict[
         return None
     if type(policy) is not _BUILT_IN_TYPES.get(name):
         return None
-    if isinstance(policy, AutoPolicy):
+    if isinstance(policy, AutoPolicy):  # the seed travels as the multipliers it picked
+        options = {key: value for key, value in options.items() if key != "seed"}
         options.update(auto_sketch_options(policy))
     return name, options
 

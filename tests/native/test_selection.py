@@ -52,11 +52,14 @@ def test_auto_runs_natively_from_a_mapping_config(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.delenv("PREFIXCACHE_ENGINE", raising=False)
     spec = {"name": "auto", "seed": 9, "safety_z": None}
+    big = {"name": "auto", "seed": 2**70}  # past int64: the Python class takes any int
+    assert KVBlockAllocator(total_count=8, device="cpu", eviction_policy=big).engine == "native"
     config = AllocatorConfig.from_dict({"total_count": 8, "device": "cpu", "eviction_policy": spec})
     allocator = KVBlockAllocator(config=config)
     assert allocator.engine == "native" and "runs this configuration" in allocator.engine_reason
     named = native_policy_spec(spec, AutoPolicy(seed=9, safety_z=None))
     assert named is not None and named[1]["safety_net"] == 0 and "safety_z" not in named[1]
+    assert "seed" not in named[1]  # any int: it travels as the multipliers it picked
     multiplier = AutoPolicy(seed=9).sketch_multipliers[2]
     assert (named[1]["multiplier2_high"], named[1]["multiplier2_low"]) == divmod(multiplier, 2**32)
 

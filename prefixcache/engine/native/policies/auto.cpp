@@ -152,6 +152,11 @@ std::unique_ptr<Policy> make_auto_policy(int32_t num_blocks, const PolicyOptions
     }
     *targets[i] = value;
   }
+  // The sketch grows to sketch_ratio x the largest pool: refuse what no memory holds (the
+  // Python class would fail allocating it).
+  if (parsed.sketch_ratio * static_cast<double>(num_blocks) > 1099511627776.0) {
+    throw std::invalid_argument("sketch_ratio x num_blocks must be at most 2**40");
+  }
   const double margin = options.get("switch_margin", 0.0);
   if (!(margin >= 0 && margin < 1)) {
     throw std::invalid_argument("switch_margin must lie in [0, 1), got " +
