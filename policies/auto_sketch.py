@@ -37,6 +37,11 @@ class UseSketch:
     _added: int  # uses counted since the last halving
     _sample: int  # uses between two halvings
 
+    @property
+    def sketch_multipliers(self) -> tuple[int, ...]:
+        """The odd 64-bit multiplier of each row (``seed`` picks them), for a native port."""
+        return self._multipliers
+
     def _resize_sketch(self, pool: int) -> None:
         """Size the sketch for ``pool`` blocks, keeping every count (a wider row repeats them)."""
         width = 1

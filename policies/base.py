@@ -204,7 +204,9 @@ class EvictionPolicy(ABC):
         chain hands no leaf out, so :meth:`discard` alone does not see it.
         The Python engine calls it after the request's references are taken,
         outside any transaction (nothing to undo: the hit happened); the
-        native engine does not call it yet. The list belongs to the caller.
+        native engine calls its built-in policies' twin (``Policy::on_hit``)
+        at the same point, and runs a policy object with this hook on the
+        Python engine. The list belongs to the caller.
         The default does nothing. Complexity: O(len(block_hashes)) at most.
         """
         return None

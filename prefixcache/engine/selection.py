@@ -36,6 +36,7 @@ from prefixcache.policies import (
     has_hook,
     is_transactional,
 )
+from prefixcache.policies.auto import AutoPolicy
 
 ENGINE_ENV = "PREFIXCACHE_ENGINE"
 """Environment variable that overrides ``engine="auto"``: ``python`` or ``native``."""
@@ -50,6 +51,7 @@ _logged_reasons: set[str] = set()  # each fallback reason is logged once per pro
 # keeps its Python object.
 _BUILT_IN_TYPES: dict[str, type] = {
     "arc": ARCPolicy,
+    "auto": AutoPolicy,
     "fifo": FIFOPolicy,
     "hazard": HazardPolicy,
     "lfu": LFUPolicy,
@@ -105,6 +107,9 @@ def native_policy_spec(spec: object, policy: EvictionPolicy) -> tuple[str, dict[
     if isinstance(spec, Mapping):
         options = {key: value for key, value in spec.items() if key != "name"}
         name = spec.get("name")
+        if name == "auto" and options.get("safety_z", 0) is None:
+            del options["safety_z"]
+            options["safety_net"] = 0  # safety_z=None: the net is off
         # The policy object was built from them, so its class has checked their ranges.
         if not all(isinstance(value, numbers.Real) for value in options.values()):
             return None
@@ -112,10 +117,27 @@ def native_policy_spec(spec: object, policy: EvictionPolicy) -> tuple[str, dict[
         return None
     if type(policy) is not _BUILT_IN_TYPES.get(name):
         return None
+    if isinstance(policy, AutoPolicy):  # the seed travels as the multipliers it picked
+        options = {key: value for key, value in options.items() if key != "seed"}
+        options.update(auto_sketch_options(policy))
     return name, options
 
 
-_PYTHON_ONLY = ("auto", "belady")  # built-in names kept on the Python engine (see below)
+def auto_sketch_options(policy: AutoPolicy) -> dict[str, float]:
+    """The native ``auto``'s options for the sketch multipliers ``policy``'s seed picked.
+
+    They come from Python's ``random.Random(seed)`` (the Python class computes them), so
+    the native policy is not left to reimplement the generator: each 64-bit multiplier
+    travels as two exact 32-bit halves (options are doubles). Complexity: O(1).
+    """
+    options: dict[str, float] = {}
+    for row, multiplier in enumerate(policy.sketch_multipliers):
+        options[f"multiplier{row}_high"] = multiplier >> 32
+        options[f"multiplier{row}_low"] = multiplier & 0xFFFF_FFFF
+    return options
+
+
+_PYTHON_ONLY = ("belady",)  # built-in names kept on the Python engine (see below)
 
 PYTHON_POLICY_MAX_BLOCKS = 32_768
 """The largest pool on which the native engine drives a policy object. Each engine call
@@ -132,9 +154,9 @@ def python_policy_reason(config: AllocatorConfig, policy: EvictionPolicy) -> str
     the object's transactions (an ``EvictionPolicy`` subclass: a legacy policy keeps the
     Python engine's inverse-call journal), the hashes themselves (under wider hashes the
     engine holds keys), no hold on the Python engine's own state (a page-aware policy
-    reads its free list), no ``on_hit`` hook (the native engine does not report inner
-    hits yet), and a pool of at most :data:`PYTHON_POLICY_MAX_BLOCKS`.
-    ``auto`` (being ported) and ``belady`` (offline) stay Python by name.
+    reads its free list), no ``on_hit`` hook (the native engine reports hits to its own
+    policies, not yet to an object's), and a pool of at most
+    :data:`PYTHON_POLICY_MAX_BLOCKS`. ``belady`` (offline) stays Python by name.
     Complexity: O(1).
     """
     cls = type(policy).__name__
@@ -162,6 +184,10 @@ def native_unsupported_reason(config: AllocatorConfig, policy: EvictionPolicy) -
     """Why the native engine cannot run ``config`` (None: it can). Complexity: O(1)."""
     if not native_available():
         return f"the extension is not built ({native_unavailable_reason()})"
+    if isinstance(policy, AutoPolicy) and config.hash_algo != "xxh3_64":
+        # The engine would hand auto keys, not hashes: its sketch would count other cells.
+        algo = config.hash_algo
+        return f"auto's sketch counts hashes, and under hash_algo={algo!r} it would see keys"
     if native_policy(config, policy) is None and python_policy_reason(config, policy) is not None:
         spec = config.eviction_policy
         # A policy object by its class: one reason (and one log line) for all its instances.

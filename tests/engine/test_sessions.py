@@ -193,7 +193,7 @@ PROGRAMS = settings(
 
 @pytest.mark.parametrize("kind", KINDS)
 @PROGRAMS
-@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero"]))
+@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero", "auto"]))
 def test_a_session_turn_equals_a_new_request_over_the_whole_conversation(
     kind: str, policy: str, data: st.DataObject
 ) -> None:
@@ -205,7 +205,7 @@ def test_a_session_turn_equals_a_new_request_over_the_whole_conversation(
 
 @pytest.mark.skipif(not native_available(), reason="the native engine is not built")
 @PROGRAMS
-@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero"]))
+@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero", "auto"]))
 def test_the_native_session_equals_the_python_session_step_by_step(
     policy: str, data: st.DataObject
 ) -> None:

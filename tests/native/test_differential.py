@@ -416,8 +416,10 @@ def test_native_engine_matches_the_python_engine(policy: str, events: bool, free
     machine.TestCase().runTest()
 
 
+# auto counts hashes in its sketch: under wide hashes it would count keys, so it stays on the
+# Python engine there (selection.native_unsupported_reason).
 @pytest.mark.parametrize("events", [True, False], ids=["events", "no-events"])
-@pytest.mark.parametrize("policy", NATIVE_POLICIES)
+@pytest.mark.parametrize("policy", [name for name in NATIVE_POLICIES if name != "auto"])
 def test_the_native_engine_under_wide_hashes_matches_the_python_engine(
     policy: str, events: bool
 ) -> None:

@@ -4,7 +4,7 @@ The engine talks to a policy only through the calls of ``EvictionPolicy`` (DESIG
 "Native policies"), so a native policy that answers every call as its Python class does
 behaves identically inside either engine. Hypothesis draws programs of valid calls
 (insert, discard, touch, evict(1), an exposed parent's ``evicts_first`` then insert,
-relocate, on_register, set_retention, clear) and runs them on
+relocate, on_register, on_hit, set_retention, clear) and runs them on
 ``_native.NativePolicy(name)`` and on ``prefixcache.policies.get(name)``; after every call
 the answers, the size and the tracked set must agree, and at the end both must give the
 same victims until empty.
@@ -34,13 +34,23 @@ NUM_BLOCKS = 12
 HASHES = list(range(1_000, 1_024))  # few, so ghost lists and history get hits
 
 # Options each policy runs with besides its defaults: small capacities reach the limits.
-OPTIONS: dict[str, list[dict[str, float]]] = {
+OPTIONS: dict[str, list[dict[str, float | None]]] = {
     "arc": [
         {},
         {"ghost_capacity": 2},
         {"ghost_capacity": 0},
         {"initial_recency_share": 0.0},
         {"initial_recency_share": 1.0, "ghost_capacity": 3},
+    ],
+    "auto": [
+        {},
+        {"seed": 3},
+        # One open duel, a one-counter sketch row (a 64-bit shift), a halving every 6 uses.
+        {"duel_ratio": 0.02, "sketch_ratio": 0.01, "sample_ratio": 0.1},
+        # Fast decay (the weight's rescaling past 1e100), an eager lead, a margin.
+        {"half_life_ratio": 0.01, "switch_z": 0.0, "switch_margin": 0.5},
+        {"safety_z": 0.0, "half_life_ratio": 0.05},  # the safety net trips and holds
+        {"safety_z": None, "seed": 7, "switch_z": 0.5},  # the net off
     ],
     "fifo": [{}],
     "hazard": [
@@ -87,10 +97,15 @@ EXAMPLES = int(os.environ.get("PREFIXCACHE_POLICY_EXAMPLES", "20"))
 LONG_STEPS = int(os.environ.get("PREFIXCACHE_POLICY_LONG_STEPS", "1500"))  # fewer under ASan
 
 
-def native_policy(name: str, options: dict[str, float]) -> object:
+def native_policy(name: str, options: dict[str, Any], num_blocks: int = NUM_BLOCKS) -> Any:
+    """The native twin of ``policies.get(name, **options)``, with the options the engine
+    passes (``auto``'s sketch multipliers come from the Python class)."""
     from prefixcache.engine import _native
+    from prefixcache.engine.selection import native_policy_spec
 
-    return _native.NativePolicy(name, NUM_BLOCKS, options)
+    spec = native_policy_spec({"name": name, **options}, policies.get(name, **options))
+    assert spec is not None and spec[0] == name
+    return _native.NativePolicy(name, num_blocks, spec[1])
 
 
 def test_every_native_policy_has_a_case() -> None:
@@ -107,8 +122,11 @@ class Program:
     reach the periodic refreshes of learned statistics).
     """
 
-    def __init__(self, name: str, options: dict[str, float], draw: Any) -> None:
-        self.native = native_policy(name, options)
+    def __init__(
+        self, name: str, options: dict[str, Any], draw: Any, num_blocks: int = NUM_BLOCKS
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.native = native_policy(name, options, num_blocks)
         self.python = policies.get(name, **options)
         self.tracked: dict[int, int] = {}  # block -> its hash
         self.clock = 0
@@ -135,14 +153,14 @@ class Program:
 
     def step(self) -> None:
         self.clock += self.number(0, 2)
-        free = [b for b in range(NUM_BLOCKS) if b not in self.tracked]
+        free = [b for b in range(self.num_blocks) if b not in self.tracked]
         held = sorted(self.tracked)
-        kinds = ["register"]
+        kinds = ["register", "hit"]
         if free and len(self.tracked) < len(HASHES):
             kinds += ["insert", "insert", "insert", "expose"]
         if held:
             kinds += ["discard", "touch", "touch", "evict", "evict"]
-        if held and free:
+        if held and free and len(self.tracked) < len(HASHES):  # leaf() draws an unused hash
             kinds.append("relocate")
         if self.retention:
             kinds.append("retain")
@@ -175,12 +193,14 @@ class Program:
         elif kind == "register":
             run = [self.pick(HASHES) for _ in range(self.number(1, 4))]
             self.both("on_register", run, self.number(0, 5))
+        elif kind == "hit":  # a matched prefix, root first (inner blocks included)
+            self.both("on_hit", [self.pick(HASHES) for _ in range(self.number(1, 4))])
         else:
             expires = None if self.number(0, 1) else self.number(self.clock, self.clock + 20)
             priority = self.number(0, 100)
             self.both("set_retention", self.pick(HASHES), priority, expires)
         assert len(self.native) == len(self.python) == len(self.tracked)
-        for block_id in range(NUM_BLOCKS):
+        for block_id in range(self.num_blocks):
             assert (block_id in self.native) == (block_id in self.python), block_id
 
     def drain(self) -> None:
@@ -262,6 +282,28 @@ def test_clear_forgets_everything(name: str, options: dict[str, float]) -> None:
     assert len(native) == 0 and native.evict(1) == []
     native.insert(0, 1_000, 5, 1, 0)
     assert native.evict(1) == [0]
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_auto_follows_a_pool_estimate_that_grows(seed: int) -> None:
+    """Block IDs past 64 grow auto's pool estimate: the sketch widens (keeping its counts),
+    the duel bound and the decay change, in both classes alike."""
+    program = Program("auto", {"seed": seed}, seeded_draw(seed), num_blocks=300)
+    for _ in range(LONG_STEPS):
+        program.step()
+    program.drain()
+
+
+def test_auto_needs_the_multipliers_its_seed_picks() -> None:
+    """The native auto does not reimplement Python's random: a seed but 0 needs them."""
+    from prefixcache.engine import _native
+    from prefixcache.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sketch multipliers"):
+        _native.NativePolicy("auto", 4, {"seed": 1})
+    with pytest.raises(ConfigError, match="switch_margin"):
+        _native.NativePolicy("auto", 4, {"switch_margin": 1.0})
+    assert len(native_policy("auto", {"seed": 1})) == 0
 
 
 def test_unknown_names_and_options_are_config_errors() -> None:

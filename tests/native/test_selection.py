@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from prefixcache.policies import LRUPolicy
+from prefixcache.policies.auto import AutoPolicy
 
 from prefixcache import KVBlockAllocator
 from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.skipif(
         {"name": "lru"},
         {"name": "s3fifo", "ghost_capacity": 7, "small_fraction": 0.2},
         {"name": "hazard", "window": 2.5},
+        {"name": "auto", "seed": 4, "safety_z": None, "switch_margin": 0.1},
     ],
     ids=str,
 )
@@ -35,17 +37,38 @@ def test_native_runs_the_built_in_policies_by_name(
     assert KVBlockAllocator(total_count=8, device="cpu", eviction_policy=policy).engine == "native"
 
 
-def test_every_built_in_but_auto_and_belady_is_native() -> None:
+def test_every_built_in_but_belady_is_native() -> None:
     from prefixcache import policies
 
-    offline_or_not_yet = {"auto", "belady"}
-    assert set(NATIVE_POLICIES) == set(policies.available()) - offline_or_not_yet
+    offline = {"belady"}
+    assert set(NATIVE_POLICIES) == set(policies.available()) - offline
+
+
+def test_auto_runs_natively_from_a_mapping_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto with options, through AllocatorConfig.from_dict, under engine="auto": native,
+    with the sketch multipliers its seed picks in the Python class."""
+    from prefixcache.engine.config import AllocatorConfig
+    from prefixcache.engine.selection import native_policy_spec
+
+    monkeypatch.delenv("PREFIXCACHE_ENGINE", raising=False)
+    spec = {"name": "auto", "seed": 9, "safety_z": None}
+    big = {"name": "auto", "seed": 2**70}  # past int64: the Python class takes any int
+    assert KVBlockAllocator(total_count=8, device="cpu", eviction_policy=big).engine == "native"
+    config = AllocatorConfig.from_dict({"total_count": 8, "device": "cpu", "eviction_policy": spec})
+    allocator = KVBlockAllocator(config=config)
+    assert allocator.engine == "native" and "runs this configuration" in allocator.engine_reason
+    named = native_policy_spec(spec, AutoPolicy(seed=9, safety_z=None))
+    assert named is not None and named[1]["safety_net"] == 0 and "safety_z" not in named[1]
+    assert "seed" not in named[1]  # any int: it travels as the multipliers it picked
+    multiplier = AutoPolicy(seed=9).sketch_multipliers[2]
+    assert (named[1]["multiplier2_high"], named[1]["multiplier2_low"]) == divmod(multiplier, 2**32)
 
 
 @pytest.mark.parametrize(
     ("config", "reason"),
     [
-        ({"eviction_policy": "auto"}, "runs the policies"),
+        ({"eviction_policy": AutoPolicy()}, "on_hit hook"),
+        ({"eviction_policy": "auto", "hash_algo": "sha256"}, "would see keys"),
         ({"eviction_policy": {"name": "lru", "unused": 1}}, "unexpected keyword argument"),
     ],
 )
@@ -74,7 +97,7 @@ def test_environment_variable_overrides_auto(monkeypatch: pytest.MonkeyPatch) ->
     assert KVBlockAllocator(total_count=8, device="cpu").engine == "native"
     assert KVBlockAllocator(total_count=8, device="cpu", engine="python").engine == "python"
     with pytest.raises(ConfigError):
-        KVBlockAllocator(total_count=8, device="cpu", eviction_policy="auto")
+        KVBlockAllocator(total_count=8, device="cpu", eviction_policy=AutoPolicy())
     monkeypatch.setenv("PREFIXCACHE_ENGINE", "python")
     assert KVBlockAllocator(total_count=8, device="cpu").engine == "python"
     assert KVBlockAllocator(total_count=8, device="cpu", engine="native").engine == "native"
@@ -101,16 +124,16 @@ def test_a_fallback_says_why_and_is_logged_once_per_reason(
     monkeypatch.delenv("PREFIXCACHE_ENGINE", raising=False)
     monkeypatch.setattr(selection, "_logged_reasons", set())
     with caplog.at_level("WARNING", logger="prefixcache.engine.selection"):
-        first = KVBlockAllocator(total_count=8, device="cpu", eviction_policy="auto")
-        KVBlockAllocator(total_count=8, device="cpu", eviction_policy="auto")
+        first = KVBlockAllocator(total_count=8, device="cpu", eviction_policy=AutoPolicy())
+        KVBlockAllocator(total_count=8, device="cpu", eviction_policy=AutoPolicy())
         other = KVBlockAllocator(
             total_count=8, device="cpu", eviction_policy=LRUPolicy(), hash_algo="sha256"
         )
-    assert first.engine == "python" and "not 'auto'" in first.engine_reason
+    assert first.engine == "python" and "on_hit hook" in first.engine_reason
     assert other.engine == "python" and "LRUPolicy" in other.engine_reason
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == 2, messages
-    assert "not 'auto'" in messages[0] and "LRUPolicy" in messages[1]
+    assert "AutoPolicy" in messages[0] and "LRUPolicy" in messages[1]
 
 
 def test_asking_for_python_is_not_a_fallback(

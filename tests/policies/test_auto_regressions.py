@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from prefixcache.policies.auto import AutoPolicy
 
 from prefixcache.engine.allocator import KVBlockAllocator
-from prefixcache.errors import ConfigError
+from prefixcache.reference.trace import TraceRequest
+from prefixcache.tools.replay import replay
+from prefixcache.tools.workloads import documents_with_hot_prefixes, multi_turn_chats
 
 # The reported sequence; arguments are EvictionPolicy.insert's, in order:
 # (block_id, block_hash, last_access, num_accesses, depth), so every block has hash 0.
@@ -112,16 +114,29 @@ def test_colliding_hashes_never_break_tracking_or_abort(seed: int) -> None:
         assert all(block in policy for block in tracked)
 
 
-def test_auto_runs_on_the_python_engine_and_the_native_one_refuses_it(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("trace", "capacity"),
+    [
+        (documents_with_hot_prefixes(400, seed=2, num_hot_prefixes=8, hot_prefix_blocks=12), 100),
+        (multi_turn_chats(500, seed=3, num_conversations=40), 150),
+        (multi_turn_chats(300, seed=4, num_conversations=30), 30),  # a tiny cache
+    ],
+    ids=["documents", "chats", "chats-tiny"],
+)
+def test_auto_replays_to_the_same_hits_on_both_engines(
+    trace: list[TraceRequest], capacity: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The native engine runs lru, fifo and ref_zero by name only; engine='auto' falls back."""
-    monkeypatch.setenv("PREFIXCACHE_ENGINE", "auto")  # the unit suite pins python otherwise
-    allocator = KVBlockAllocator(
-        total_count=64, block_size_tokens=16, eviction_policy="auto", device="cpu", engine="auto"
-    )
-    assert allocator.engine == "python"
-    with pytest.raises(ConfigError, match=r"'auto'|not built"):
-        KVBlockAllocator(
-            total_count=64, block_size_tokens=16, eviction_policy="auto", engine="native"
-        )
+    """engine='auto' runs auto natively (the engine reports hits: on_hit), block for block
+    as the Python engine runs the Python class: the same hits and evictions. These replays
+    open 1,800-16,000 duels, trip the safety net once or twice, move the lead to lru on the
+    chats and grow the pool estimate past 64 (checked on the Python class when written)."""
+    results = {}
+    for engine in ("python", "native"):
+        monkeypatch.setenv("PREFIXCACHE_ENGINE", engine)
+        allocator = KVBlockAllocator(total_count=64, eviction_policy="auto", device="cpu")
+        if engine == "native" and allocator.engine != "native":
+            pytest.skip("the native engine is not built")
+        result = replay(trace, capacity, "auto")
+        results[engine] = (result.hit_blocks, result.evictions)
+    assert results["native"] == results["python"]
+    assert results["python"][1] > 0  # the cache was under pressure

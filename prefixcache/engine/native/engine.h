@@ -163,6 +163,8 @@ class Engine {
   void on_unreferenced(const std::vector<int32_t>& block_ids);
   void drop_blocks(const std::vector<int32_t>& hashed, const std::vector<int32_t>& unhashed);
   void take_references();
+  /// Tell a policy that uses on_hit the hashes of the hit ``ids`` (after their references).
+  void report_hit(const int32_t* ids, size_t count);
   void check_headroom(const std::vector<int32_t>& refs, const char* partition) const;
   void queue_release();
   void flush_releases();
@@ -242,6 +244,7 @@ class Engine {
   std::vector<int32_t> unique_, counts_, held_, scratch_, scratch2_, stack_scratch_;
   std::vector<int32_t> hashed_, unhashed_;  // on_unreferenced's split
   std::vector<int32_t> hits_;
+  std::vector<int64_t> hit_hashes_;  // report_hit's hashes for Policy::on_hit
   std::vector<int32_t> leaves_;  // touch's tracked leaves; registration's parents gaining a child
   std::vector<uint8_t> flags_;
 

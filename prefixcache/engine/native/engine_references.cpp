@@ -50,6 +50,7 @@ void Engine::check_headroom(const std::vector<int32_t>& refs, const char* partit
 
 void Engine::take_hit(const int32_t* ids, size_t count, int64_t num_queried, bool acquire_hits) {
   if (acquire_hits && count) acquire(ids, count);
+  if (acquire_hits && count && policy_ && policy_->uses_on_hit()) report_hit(ids, count);
   counters_.num_queried += num_queried;
   counters_.num_hits += static_cast<int64_t>(count);
 }

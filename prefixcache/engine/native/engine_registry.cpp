@@ -180,6 +180,13 @@ void Engine::notify_registrations(const int32_t* ids, const int64_t* hashes,
   for (const int32_t block_id : leaves_) policy_->discard(block_id);
 }
 
+void Engine::report_hit(const int32_t* ids, size_t count) {
+  // The Python engine's take_hit: on_hit(hashes of the matched blocks), in match order.
+  hit_hashes_.resize(count);
+  for (size_t i = 0; i < count; ++i) hit_hashes_[i] = hash_of_[ids[i]];
+  policy_->on_hit(hit_hashes_.data(), count);
+}
+
 // ------------------------------------------------------------------ fused request path
 
 int64_t Engine::admit(const int64_t* hashes, size_t num_full, size_t num_matchable,
@@ -212,6 +219,7 @@ int64_t Engine::admit(const int64_t* hashes, size_t num_full, size_t num_matchab
   counters_.num_queried += static_cast<int64_t>(num_matchable);
   counters_.num_hits += static_cast<int64_t>(num_hit);
   if (num_hit) take_references();  // unique_ and counts_ are the hits'
+  if (num_hit && policy_ && policy_->uses_on_hit()) report_hit(hits_.data(), num_hit);
   std::copy(hits_.begin(), hits_.begin() + static_cast<std::ptrdiff_t>(num_hit), out_row);
   allocate(needed, out_row + num_hit);
   if (num_full > num_hit) {

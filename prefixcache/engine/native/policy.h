@@ -86,6 +86,12 @@ class Policy {
   virtual void on_register(const int64_t* hashes, size_t count, int64_t first_depth) {
     (void)hashes, (void)count, (void)first_depth;
   }
+  /// A request took the cached prefix ``hashes`` (root first; EvictionPolicy.on_hit),
+  /// called after the hit's references are taken. Only where uses_on_hit() says so.
+  virtual void on_hit(const int64_t* hashes, size_t count) { (void)hashes, (void)count; }
+  /// Whether on_hit does anything (auto: its safety net counts hits), so the engine may
+  /// skip collecting the hashes for every other policy.
+  virtual bool uses_on_hit() const noexcept { return false; }
   /// Whether set_retention does anything (the Python class overrides it).
   virtual bool has_retention() const noexcept { return false; }
   /// Retention ``priority`` for ``block_hash`` until ``expires_at`` (kNoExpiry: forever).

@@ -20,6 +20,7 @@ struct Entry {
 
 const Entry kPolicies[] = {
     {"arc", make_arc_policy},
+    {"auto", make_auto_policy},
     {"fifo", make_fifo_policy},
     {"hazard", make_hazard_policy},
     {"lfu", make_lfu_policy},

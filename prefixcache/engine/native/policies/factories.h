@@ -10,6 +10,7 @@
 
 namespace prefixcache {
 
+std::unique_ptr<Policy> make_auto_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_arc_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_fifo_policy(int32_t num_blocks, const PolicyOptions& options);
 std::unique_ptr<Policy> make_hazard_policy(int32_t num_blocks, const PolicyOptions& options);
