@@ -21,9 +21,9 @@ Usage, from the repository root::
     python benchmarks/bench_policy_split.py --policies lru,s3fifo,auto --out table.md
     python benchmarks/bench_policy_split.py --sides test  # the README's table: test side only
 
-Policies run on the default engine: the native one where it runs the policy
-(every built-in but ``auto``), the Python one for ``auto`` and ``belady``
-(the hit rates are the same on both: the native policies are bit-identical).
+Policies run on the default engine: the native one for every built-in, the
+Python one for ``belady`` (the hit rates are the same on both: the native
+policies are bit-identical to their Python classes).
 """
 
 from __future__ import annotations
