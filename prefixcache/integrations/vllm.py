@@ -60,6 +60,7 @@ from prefixcache.engine.version import installed_version
 from prefixcache.errors import ConfigError
 from prefixcache.integrations import vllm_metrics
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
+from prefixcache.integrations.vllm_native_queue import native_queue
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue, policy_hash
 from prefixcache.policies import EvictionPolicy, UnknownPolicyError, has_hook
 
@@ -122,13 +123,11 @@ class _QueueFactory:
 
     def __call__(self, blocks: list[Any]) -> PolicyFreeBlockQueue:
         queue: PolicyFreeBlockQueue
-        if self.fast_lru:
-            queue = LruFreeBlockQueue(blocks)
-        elif self.native is not None:
+        if self.native is not None:
             name, options, on_register = self.native
-            num_blocks = 1 + max((block.block_id for block in blocks), default=0)
-            policy = native_module().NativePolicy(name, num_blocks, options)
-            queue = PolicyFreeBlockQueue(blocks, policy, on_register=on_register)
+            queue = native_queue(blocks, name, options, on_register=on_register)
+        elif self.fast_lru:
+            queue = LruFreeBlockQueue(blocks)
         else:
             queue = PolicyFreeBlockQueue(blocks, self.make_policy())
         vllm_metrics.track(queue, self.name, self.runs)
@@ -170,8 +169,10 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
     _FACTORY.make_policy, _FACTORY.name = make_policy, name
     _FACTORY.fast_lru = type(sample) is policies.LRUPolicy
     _FACTORY.native = _native_queue_policy(name, isinstance(policy, str), options, sample)
-    runs = "native policy unit" if _FACTORY.native is not None else "Python policy object"
-    _FACTORY.runs = "inline lru queue" if _FACTORY.fast_lru else runs
+    if _FACTORY.native is not None:
+        _FACTORY.runs = "native queue"
+    else:
+        _FACTORY.runs = "inline lru queue" if _FACTORY.fast_lru else "Python policy object"
     if block_pool.FreeKVCacheBlockQueue is not _FACTORY:
         _patch(block_pool, "FreeKVCacheBlockQueue", _FACTORY)
     pool_class = block_pool.BlockPool
