@@ -351,6 +351,7 @@ def _wrap_touch(original: Callable[..., Any]) -> Callable[..., Any]:
             counts = getattr(queue, vllm_metrics.COUNTS, None)
             if counts is not None:  # the blocks taken out of the free queue: policy hits
                 counts.hits += free - queue.num_free_blocks
+                counts.evictions += queue.take_evictions()
                 counts.flush()
 
     setattr(touch, _MARK, original)
@@ -383,6 +384,7 @@ def _wrap_cache_full_blocks(original: Callable[..., Any]) -> Callable[..., Any]:
             queue.note_registered(blocks, num_cached_blocks, num_full_blocks)
             counts = getattr(queue, vllm_metrics.COUNTS, None)
             if counts is not None:  # the step's evictions (get_new_blocks came before)
+                counts.evictions += queue.take_evictions()
                 counts.flush()
 
     setattr(cache_full_blocks, _MARK, original)
@@ -405,6 +407,11 @@ def _wrap_remove_hashes(original: Callable[..., Any]) -> Callable[..., Any]:
         return removed
 
     setattr(_remove_cached_block_hashes, _MARK, original)
+    if native_available():  # vLLM calls it per block: for the native queue, the work in C
+        hook: Callable[..., Any] = native_module().HashRemovalHook(
+            original, _remove_cached_block_hashes
+        )
+        return hook
     return _remove_cached_block_hashes
 
 

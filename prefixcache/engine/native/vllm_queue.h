@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "policy.h"
@@ -65,6 +66,10 @@ class VllmQueueCore {
   VllmQueueCore& operator=(const VllmQueueCore&) = delete;
 
   int64_t num_free() const noexcept { return num_free_; }
+  /// One eviction counted (HashRemovalHook: a victim lost its hashes), for the metrics.
+  void count_eviction() noexcept { ++evictions_; }
+  /// The evictions counted since the last call.
+  int64_t take_evictions() noexcept { return std::exchange(evictions_, 0); }
   bool popleft_n(int64_t n, PyObject** out);  // a new list
   bool remove(PyObject* block);
   bool append_n(PyObject* blocks);   // a list or tuple
@@ -98,6 +103,7 @@ class VllmQueueCore {
   const bool on_register_;
   int64_t num_free_ = 0;
   int64_t clock_ = 0;
+  int64_t evictions_ = 0;
   std::vector<PyObject*> blocks_;  // strong references, every block seen
   std::vector<Section> where_;
   IdChain first_, inner_;              // hash-less (handed out first); inner, in free order
