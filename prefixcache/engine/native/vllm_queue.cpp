@@ -3,6 +3,7 @@
 #include "vllm_queue.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -17,15 +18,28 @@ PyObject* g_block_id = nullptr;
 PyObject* g_block_hash = nullptr;
 PyObject* g_is_null = nullptr;
 PyObject* g_unpinned = nullptr;
+PyObject* g_block_hash_slot = nullptr;
+PyObject* g_vllm_prefix = nullptr;
 
-bool names_ready() {
+}  // namespace
+
+namespace vllm_block {
+
+bool ready() {
   if (g_block_id) return true;
   g_block_id = PyUnicode_InternFromString("block_id");
   g_block_hash = PyUnicode_InternFromString("block_hash");
   g_is_null = PyUnicode_InternFromString("is_null");
   g_unpinned = PyUnicode_InternFromString("unpinned");
-  return g_block_id && g_block_hash && g_is_null && g_unpinned;
+  g_block_hash_slot = PyUnicode_InternFromString("_block_hash");
+  g_vllm_prefix = PyUnicode_InternFromString("vllm.");
+  return g_block_id && g_block_hash && g_is_null && g_unpinned && g_block_hash_slot &&
+         g_vllm_prefix;
 }
+
+}  // namespace vllm_block
+
+namespace {
 
 bool invariant(const std::string& message) {
   native_raise(ErrorKind::kInvariant, message);
@@ -61,13 +75,46 @@ bool is_null(PyObject* block, bool* out) {
 bool cacheable(PyObject* block, bool* out, PyObject** key) {
   bool null;
   if (!is_null(block, &null)) return false;
-  *key = PyObject_GetAttr(block, g_block_hash);
+  *key = hash_key(block);
   if (!*key) return false;
   *out = !null && *key != Py_None;
   return true;
 }
 
-PyObject* hash_key(PyObject* block) { return PyObject_GetAttr(block, g_block_hash); }
+namespace {
+
+PyTypeObject* g_slot_type = nullptr;  // vLLM's KVCacheBlock, once seen (a new reference)
+PyObject* g_slot = nullptr;           // its _block_hash member descriptor (a new reference)
+
+/// vLLM 0.33's KVCacheBlock reads ``block_hash`` through a property that returns its
+/// ``_block_hash`` slot: for that type, read the slot (no Python frame per block).
+bool reads_slot(PyTypeObject* type) {
+  if (type == g_slot_type) return true;
+  if (std::strcmp(type->tp_name, "KVCacheBlock") != 0) return false;
+  PyObject* property = _PyType_Lookup(type, g_block_hash);  // borrowed
+  PyObject* slot = _PyType_Lookup(type, g_block_hash_slot);
+  if (!property || !PyObject_TypeCheck(property, &PyProperty_Type) || !slot ||
+      Py_TYPE(slot) != &PyMemberDescr_Type) {
+    return false;
+  }
+  PyObject* module = PyDict_GetItemString(type->tp_dict, "__module__");  // borrowed
+  if (!module || !PyUnicode_Check(module) ||
+      PyUnicode_Tailmatch(module, g_vllm_prefix, 0, PY_SSIZE_T_MAX, -1) != 1) {
+    return false;
+  }
+  Py_INCREF(type);
+  Py_XSETREF(g_slot_type, type);  // a reloaded vLLM: the newest type
+  Py_XSETREF(g_slot, Py_NewRef(slot));
+  return true;
+}
+
+}  // namespace
+
+PyObject* hash_key(PyObject* block) {
+  PyTypeObject* type = Py_TYPE(block);
+  if (!reads_slot(type)) return PyObject_GetAttr(block, g_block_hash);
+  return Py_TYPE(g_slot)->tp_descr_get(g_slot, block, reinterpret_cast<PyObject*>(type));
+}
 
 bool raw_id(PyObject* block, long long* out) {
   PyObject* value = PyObject_GetAttr(block, g_block_id);
@@ -129,7 +176,7 @@ VllmQueueCore::VllmQueueCore(int32_t num_blocks, std::unique_ptr<Policy> policy,
   sibling_prev_.assign(n, kNoBlock);
   sibling_next_.assign(n, kNoBlock);
   num_children_.assign(n, 0);
-  names_ready();
+  vllm_block::ready();
 }
 
 VllmQueueCore::~VllmQueueCore() { clear_blocks(); }

@@ -43,6 +43,8 @@ class IdChain {
 
 /// What the queue reads of a vLLM block (vllm_queue.cpp); false with a Python error set.
 namespace vllm_block {
+/// Interns the attribute names read below (once); false with MemoryError set.
+bool ready();
 /// policy_hash(key) of vllm_queue.py: XXH3-64 of bytes, else Python's hash; 63 bits.
 bool policy_hash(PyObject* key, int64_t* out);
 /// Whether ``block`` is neither null nor hash-less; ``*key``: its block_hash (a new ref).

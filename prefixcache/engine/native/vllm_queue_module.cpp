@@ -393,7 +393,7 @@ bool add_vllm_queue_type(PyObject* module) {
   if (PyType_Ready(&g_hook_type) < 0) return false;
   g_free_block_queue = PyUnicode_InternFromString("free_block_queue");
   g_ref_cnt = PyUnicode_InternFromString("ref_cnt");
-  if (!g_free_block_queue || !g_ref_cnt) return false;
+  if (!g_free_block_queue || !g_ref_cnt || !vllm_block::ready()) return false;
   Py_INCREF(&g_queue_type);
   Py_INCREF(&g_hook_type);
   return PyModule_AddObject(module, "VllmQueue", reinterpret_cast<PyObject*>(&g_queue_type)) >= 0 &&
