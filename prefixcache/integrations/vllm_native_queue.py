@@ -16,15 +16,41 @@ by name when the extension is built and ``PREFIXCACHE_ENGINE`` is not ``python``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prefixcache.engine.native_engine import native_module
+from prefixcache.engine.native_engine import native_available, native_module
+from prefixcache.engine.selection import ENGINE_ENV, native_policy_spec
+from prefixcache.errors import ConfigError
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue, _End
+from prefixcache.policies import EvictionPolicy, has_hook
 
-__all__ = ["native_queue", "native_queue_class"]
+__all__ = ["native_queue", "native_queue_class", "native_queue_spec"]
 
-_CLASS: type[PolicyFreeBlockQueue] | None = None
+_CLASS: Any = None
+
+
+def native_queue_spec(
+    name: str, by_name: bool, options: dict[str, Any], sample: EvictionPolicy
+) -> tuple[str, dict[str, float], bool] | None:
+    """What the native queue runs for policy ``name``: its native unit's name and options
+    and whether it takes ``on_register`` calls; None: the Python queue runs ``sample``'s class.
+
+    A built-in policy given by name runs natively, as in the allocator
+    (:func:`~prefixcache.engine.selection.native_policy_spec`), unless the native
+    engine is not built or ``PREFIXCACHE_ENGINE=python`` asks for the reference.
+    """
+    if not by_name or os.environ.get(ENGINE_ENV, "").strip().lower() == "python":
+        return None
+    spec = native_policy_spec({"name": name, **options}, sample)
+    if spec is None or spec[0] == "ref_zero" or not native_available():
+        return None
+    try:
+        native_module().NativePolicy(spec[0], 1, spec[1])
+    except ConfigError:  # an option the Python class takes but the native one refuses
+        return None
+    return spec[0], spec[1], has_hook(sample, "on_register")
 
 
 def native_queue(
@@ -41,7 +67,7 @@ def native_queue(
     return native_queue_class()(list(blocks), policy, dict(options), on_register)
 
 
-def native_queue_class() -> type[PolicyFreeBlockQueue]:
+def native_queue_class() -> Callable[..., PolicyFreeBlockQueue]:
     """``NativeFreeBlockQueue``: ``_native.VllmQueue`` with the Python queue's views.
 
     Built on first use (the extension is optional). Its queue and learning methods are
@@ -53,7 +79,7 @@ def native_queue_class() -> type[PolicyFreeBlockQueue]:
     if _CLASS is None:
         base: Any = native_module().VllmQueue
 
-        class _NativeFreeBlockQueue(base, PolicyFreeBlockQueue):  # type: ignore[misc]
+        class _NativeFreeBlockQueue(base, PolicyFreeBlockQueue):
             def __init__(
                 self, blocks: list[Any], policy: str, options: dict[str, float], on_register: bool
             ) -> None:
