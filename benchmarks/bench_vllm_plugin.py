@@ -15,7 +15,9 @@ Traces: three of the five seeded families of :mod:`prefixcache.tools.workloads` 
 Mooncake sample. Times: microseconds per request (min/median/max over ``--repeats``, the
 first a warm-up) for vLLM without the plugin and with each of ``--time-policies`` (default
 ``lru``, ``auto``, ``s3fifo``); a policy with a native unit is timed twice, as the plugin
-runs it (native) and with its Python class (``PREFIXCACHE_ENGINE=python``).
+runs it (``native``: the native queue, ``integrations/vllm_native_queue.py``) and with
+``PREFIXCACHE_ENGINE=python`` (``python``: the Python queue with the policy's Python class;
+``lru``: the inline lru queue, ``integrations/vllm_lru.py``).
 
 Run where vLLM 0.33 is installed (``../shared/bench/README.md``), from the checkout:
 ``PYTHONPATH=. $PEERS_VENV/bin/python benchmarks/bench_vllm_plugin.py``.
@@ -128,11 +130,11 @@ def hit_table(
 
 
 def time_settings(names: list[str]) -> list[tuple[str | None, str]]:
-    """vLLM as shipped, then each policy; one with a native unit (the queue runs it
-    unless ``PREFIXCACHE_ENGINE=python``) twice: native and its Python class."""
+    """vLLM as shipped, then each policy; one with a native unit (the native queue runs
+    it unless ``PREFIXCACHE_ENGINE=python``) twice: native and the Python queue."""
     settings: list[tuple[str | None, str]] = [(None, "auto")]
     for name in names:
-        if name in NATIVE_POLICIES and name != "lru":  # lru: the inline fast path either way
+        if name in NATIVE_POLICIES:
             settings += [(name, "auto"), (name, "python")]
         else:
             settings.append((name, "auto"))
@@ -154,7 +156,7 @@ def time_table(
             ][1:]
             us = sorted(s / len(chains) * 1e6 for s in samples)
             label = "vLLM" if setting is None else f"plugin {setting}"
-            if setting in NATIVE_POLICIES and setting != "lru":
+            if setting in NATIVE_POLICIES:
                 label += " (python)" if engine == "python" else " (native)"
             print(
                 f"| {trace_name} | {label} | {us[0]:.1f} | {statistics.median(us):.1f} "

@@ -31,12 +31,16 @@ What maps to what (DESIGN.md, "vLLM integration"):
   ``kv_cache_usage_perc`` report the policy's victims unchanged. The plugin adds
   counters of its own, labelled with the policy (:mod:`.vllm_metrics`).
 
-The queue is :mod:`prefixcache.integrations.vllm_queue`; a policy that builds a plain
-``LRUPolicy`` gets :mod:`prefixcache.integrations.vllm_lru`'s queue instead, the same
-order kept inline (no hashing, no policy calls per block). A built-in policy installed by
-name runs as its native unit (``_native.NativePolicy``, the policy of the compiled
-engine: the same answers, call for call) unless the extension is not built or
-``PREFIXCACHE_ENGINE=python``; a policy class or factory runs its Python object.
+The queue is :mod:`prefixcache.integrations.vllm_queue`. A built-in policy installed by
+name (``lru`` too) runs in its native twin, :mod:`prefixcache.integrations.vllm_native_queue`
+(the bookkeeping in the compiled extension's arrays and the policy's native unit, one C
+call per vLLM call, the same blocks handed out), unless the extension is not built or
+``PREFIXCACHE_ENGINE=python``; then a policy that builds a plain ``LRUPolicy`` gets
+:mod:`prefixcache.integrations.vllm_lru`'s queue (the same order kept inline), and any
+other policy, or a policy class or factory, runs its Python object in the Python queue.
+``_remove_cached_block_hashes``, which vLLM calls per block, is wrapped by a C method
+descriptor (``_native.HashRemovalHook``) that does the wrapper's work in C for the native
+queue.
 
 Costs: ``append``/``remove``/``popleft`` O(1) plus the policy's O(log n); the views
 vLLM's tests read (``fake_free_list_head``, ``get_all_free_blocks``) replay the order on a
@@ -55,13 +59,13 @@ from typing import Any
 
 from prefixcache import policies
 from prefixcache.engine.native_engine import native_available, native_module
-from prefixcache.engine.selection import ENGINE_ENV, native_policy_spec
 from prefixcache.engine.version import installed_version
 from prefixcache.errors import ConfigError
 from prefixcache.integrations import vllm_metrics
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
+from prefixcache.integrations.vllm_native_queue import native_queue, native_queue_spec
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue, policy_hash
-from prefixcache.policies import EvictionPolicy, UnknownPolicyError, has_hook
+from prefixcache.policies import EvictionPolicy, UnknownPolicyError
 
 __all__ = [
     "OPTIONS_ENV",
@@ -107,7 +111,8 @@ _MARK = "__prefixcache_original__"  # on a wrapper: the vLLM function it wraps
 class _QueueFactory:
     """Stands where ``block_pool`` looks up ``FreeKVCacheBlockQueue``: one queue per pool.
 
-    A policy that builds a plain ``LRUPolicy`` gets the same order from
+    A built-in policy by name gets the native queue; else a policy that builds a plain
+    ``LRUPolicy`` gets the same order from
     :class:`~prefixcache.integrations.vllm_lru.LruFreeBlockQueue`, which keeps it inline.
     """
 
@@ -116,19 +121,17 @@ class _QueueFactory:
         self.runs = "inline lru queue"  # what runs the policy: the log line, a metric label
         self.make_policy: Callable[[], EvictionPolicy] = policies.LRUPolicy
         self.fast_lru = True
-        # A built-in policy by name runs as a native policy unit in the queue: the
-        # name and options of it, and whether its class takes on_register calls.
+        # A built-in policy by name runs in the native queue: the name and options of
+        # its native unit, and whether its class takes on_register calls.
         self.native: tuple[str, dict[str, float], bool] | None = None
 
     def __call__(self, blocks: list[Any]) -> PolicyFreeBlockQueue:
         queue: PolicyFreeBlockQueue
-        if self.fast_lru:
-            queue = LruFreeBlockQueue(blocks)
-        elif self.native is not None:
+        if self.native is not None:
             name, options, on_register = self.native
-            num_blocks = 1 + max((block.block_id for block in blocks), default=0)
-            policy = native_module().NativePolicy(name, num_blocks, options)
-            queue = PolicyFreeBlockQueue(blocks, policy, on_register=on_register)
+            queue = native_queue(blocks, name, options, on_register=on_register)
+        elif self.fast_lru:
+            queue = LruFreeBlockQueue(blocks)
         else:
             queue = PolicyFreeBlockQueue(blocks, self.make_policy())
         vllm_metrics.track(queue, self.name, self.runs)
@@ -169,9 +172,11 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
     sample = make_policy()
     _FACTORY.make_policy, _FACTORY.name = make_policy, name
     _FACTORY.fast_lru = type(sample) is policies.LRUPolicy
-    _FACTORY.native = _native_queue_policy(name, isinstance(policy, str), options, sample)
-    runs = "native policy unit" if _FACTORY.native is not None else "Python policy object"
-    _FACTORY.runs = "inline lru queue" if _FACTORY.fast_lru else runs
+    _FACTORY.native = native_queue_spec(name, isinstance(policy, str), options, sample)
+    if _FACTORY.native is not None:
+        _FACTORY.runs = "native queue"
+    else:
+        _FACTORY.runs = "inline lru queue" if _FACTORY.fast_lru else "Python policy object"
     if block_pool.FreeKVCacheBlockQueue is not _FACTORY:
         _patch(block_pool, "FreeKVCacheBlockQueue", _FACTORY)
     pool_class = block_pool.BlockPool
@@ -267,27 +272,6 @@ def _policy_factory(
     return make, name
 
 
-def _native_queue_policy(
-    name: str, by_name: bool, options: dict[str, Any], sample: EvictionPolicy
-) -> tuple[str, dict[str, float], bool] | None:
-    """The native policy the queue runs for policy ``name`` (None: its Python object runs).
-
-    A built-in policy given by name runs natively, as in the allocator
-    (:func:`~prefixcache.engine.selection.native_policy_spec`), unless the native
-    engine is not built or ``PREFIXCACHE_ENGINE=python`` asks for the reference.
-    """
-    if not by_name or os.environ.get(ENGINE_ENV, "").strip().lower() == "python":
-        return None
-    spec = native_policy_spec({"name": name, **options}, sample)
-    if spec is None or spec[0] == "ref_zero" or not native_available():
-        return None
-    try:
-        native_module().NativePolicy(spec[0], 1, spec[1])
-    except ConfigError:  # an option the Python class takes but the native one refuses
-        return None
-    return spec[0], spec[1], has_hook(sample, "on_register")
-
-
 def _vllm_modules() -> tuple[Any, Any]:
     """``vllm.v1.core.block_pool`` and the scheduler's module, once vLLM is 0.33.x.
 
@@ -350,6 +334,7 @@ def _wrap_touch(original: Callable[..., Any]) -> Callable[..., Any]:
             counts = getattr(queue, vllm_metrics.COUNTS, None)
             if counts is not None:  # the blocks taken out of the free queue: policy hits
                 counts.hits += free - queue.num_free_blocks
+                counts.evictions += queue.take_evictions()
                 counts.flush()
 
     setattr(touch, _MARK, original)
@@ -382,6 +367,7 @@ def _wrap_cache_full_blocks(original: Callable[..., Any]) -> Callable[..., Any]:
             queue.note_registered(blocks, num_cached_blocks, num_full_blocks)
             counts = getattr(queue, vllm_metrics.COUNTS, None)
             if counts is not None:  # the step's evictions (get_new_blocks came before)
+                counts.evictions += queue.take_evictions()
                 counts.flush()
 
     setattr(cache_full_blocks, _MARK, original)
@@ -404,6 +390,11 @@ def _wrap_remove_hashes(original: Callable[..., Any]) -> Callable[..., Any]:
         return removed
 
     setattr(_remove_cached_block_hashes, _MARK, original)
+    if native_available():  # vLLM calls it per block: for the native queue, the work in C
+        hook: Callable[..., Any] = native_module().HashRemovalHook(
+            original, _remove_cached_block_hashes
+        )
+        return hook
     return _remove_cached_block_hashes
 
 

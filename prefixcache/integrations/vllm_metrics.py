@@ -11,7 +11,7 @@ name                                        kind     meaning
 ==========================================  =======  ========================================
 ``prefixcache_vllm_policy_info``            gauge    1 per policy a block pool of this engine
                                                      was built with; labels also ``runs``
-                                                     (native policy unit, inline lru queue,
+                                                     (native queue, inline lru queue,
                                                      Python policy object) and ``version``
 ``prefixcache_vllm_hit_blocks_total``       counter  prefix hits on *free* cached blocks:
                                                      blocks the policy kept, used again

@@ -304,6 +304,11 @@ class PolicyFreeBlockQueue:
         self._first[block_id] = block
         self._where[block_id] = _FIRST
 
+    def take_evictions(self) -> int:
+        """Evictions the queue counted itself since the last call: none here (the plugin's
+        hash-removal wrapper counts this queue's); the native queue counts in C. O(1)."""
+        return 0
+
     def knows(self, block_id: int) -> bool:
         """Whether the queue holds any state for ``block_id`` (free, depth or links). O(1)."""
         return (

@@ -27,8 +27,10 @@ from prefixcache.integrations import vllm as plugin
 from prefixcache.integrations import vllm_queue
 from prefixcache.integrations.vllm import PolicyFreeBlockQueue, policy_hash
 from prefixcache.integrations.vllm_lru import LeafHeap, LruFreeBlockQueue
+from prefixcache.integrations.vllm_native_queue import native_queue_class
 from prefixcache.testing.vllm_machine import MACHINE_POLICIES, VllmPoolMachine
 from prefixcache.testing.vllm_pool import admit, chain, serve
+from prefixcache.testing.vllm_queue_driver import Block, queue_run
 
 # ---------------------------------------------------------------------- a serving driver
 
@@ -228,7 +230,10 @@ def random_run(pool: Any, seed: int, steps: int = 80) -> list[Any]:
     return seen
 
 
-def test_the_lru_fast_path_hands_out_what_the_lru_policy_does(block_pool: Any) -> None:
+def test_the_lru_fast_path_hands_out_what_the_lru_policy_does(
+    block_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PREFIXCACHE_ENGINE", "python")  # else "lru" runs the native queue
     for seed in range(25):
         runs = []
         for policy in ("lru", PlainLru):
@@ -243,23 +248,22 @@ def test_the_lru_fast_path_hands_out_what_the_lru_policy_does(block_pool: Any) -
 @pytest.mark.skipif(not native_available(), reason="the native engine is not built")
 @pytest.mark.parametrize(
     ("name", "options"),
-    [(name, {}) for name in sorted(set(NATIVE_POLICIES) - {"lru", "ref_zero"})]
+    [(name, {}) for name in sorted(set(NATIVE_POLICIES) - {"ref_zero"})]
     + [("s3fifo", {"ghost_capacity": 3, "small_fraction": 0.3})],
 )
 def test_a_built_in_policy_runs_natively_and_hands_out_what_its_class_does(
     block_pool: Any, monkeypatch: pytest.MonkeyPatch, name: str, options: dict[str, float]
 ) -> None:
-    """Issue 25, item 5: the queue runs the native unit of a policy named by name, and
-    vLLM sees the same blocks, hits and free order as with the Python class."""
-    from prefixcache.engine import _native
-
-    for seed in range(4):
+    """Issue 25, item 5: a policy named by name runs in the native queue (bookkeeping and
+    policy compiled), and vLLM sees the same blocks, hits and free order as with the
+    Python queue and class (lru: the inline lru queue)."""
+    for seed in range(8):
         runs = []
         for engine in ("python", "auto"):
             monkeypatch.setenv("PREFIXCACHE_ENGINE", engine)
             plugin.install(name, **options)
             pool = block_pool.BlockPool(14)
-            native = isinstance(pool.free_block_queue.policy, _native.NativePolicy)
+            native = type(pool.free_block_queue) is native_queue_class()
             assert native is (engine == "auto"), engine
             runs.append(random_run(pool, seed))
         assert runs[0] == runs[1], (name, seed)
@@ -471,15 +475,6 @@ def test_touch_takes_any_iterable(block_pool: Any) -> None:
 # ---------------------------------------------------------------------- the queue alone
 
 
-class Block:
-    """A stand-in ``KVCacheBlock``: what the queue reads and the two link fields."""
-
-    def __init__(self, block_id: int, block_hash: bytes | None = None) -> None:
-        self.block_id, self.block_hash, self.is_null = block_id, block_hash, False
-        self.prev_free_block: Any = None
-        self.next_free_block: Any = None
-
-
 def test_the_queue_refuses_what_vllms_refuses() -> None:
     blocks = [Block(i) for i in range(3)]
     queue = PolicyFreeBlockQueue(blocks, policies.LRUPolicy())
@@ -597,42 +592,6 @@ def test_a_free_leaf_that_gains_a_child_stops_being_a_leaf() -> None:
     queue.check_invariants()
     # No leaf: the oldest inner block (1) goes, which makes 0 a leaf; then 2 (inner last).
     assert ids(queue.popleft_n(3)) == [1, 0, 2]
-
-
-def queue_run(queue: PolicyFreeBlockQueue, blocks: list[Block], seed: int) -> list[Any]:
-    """Random queue calls as vLLM makes them, frees in any order (so a free parent may
-    have a child in use, and no leaf may be left); record every hand-out order."""
-    rng = random.Random(seed)
-    held: list[Block] = []
-    seen: list[Any] = []
-    for _ in range(150):
-        roll = rng.random()
-        if roll < 0.35 and queue.num_free_blocks:
-            taken = queue.popleft_n(rng.randint(1, min(4, queue.num_free_blocks)))
-            for block in taken:  # get_new_blocks: a victim loses its hash
-                if block.block_hash is not None:
-                    block.block_hash = None
-                    queue.note_hash_removed(block)
-            table = ([rng.choice(held)] if held and rng.random() < 0.6 else []) + taken
-            for block in taken:
-                block.block_hash = bytes([rng.randrange(256)]) * 12
-            queue.note_registered(table, len(table) - len(taken), len(table))
-            held += taken
-            seen.append(ids(taken))
-        elif roll < 0.8 and held:
-            freed = rng.sample(held, rng.randint(1, len(held)))
-            held = [block for block in held if block not in freed]
-            queue.append_n(freed)
-        else:
-            cached = [b for b in queue.get_all_free_blocks() if b.block_hash is not None]
-            if cached:  # a prefix hit on a free cached block
-                block = rng.choice(cached)
-                queue.remove(block)
-                queue.note_hits([block])
-                held.append(block)
-        queue.check_invariants()
-        seen.append(ids(queue.get_all_free_blocks()))
-    return seen
 
 
 def test_the_lru_fast_queue_matches_the_lru_policy_call_by_call() -> None:

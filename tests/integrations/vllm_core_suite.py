@@ -182,6 +182,14 @@ class InstallPlugin:
             queue_init(queue, blocks, policy, **options)
 
         plugin.PolicyFreeBlockQueue.__init__ = counting_init  # type: ignore[method-assign]
+        native_queue = plugin.native_queue
+
+        def counting_native_queue(*args: Any, **options: Any) -> Any:
+            self.pools += 1
+            self.policy_types.add("NativeFreeBlockQueue")
+            return native_queue(*args, **options)
+
+        plugin.native_queue = counting_native_queue  # type: ignore[assignment]
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from prefixcache.integrations import vllm as plugin

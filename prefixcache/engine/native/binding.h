@@ -38,6 +38,7 @@ int64_t native_element(const void* buf, Py_ssize_t i, Py_ssize_t itemsize, bool 
 bool add_engine_type(PyObject* module);
 bool add_policy_type(PyObject* module);
 bool add_session_type(PyObject* module);
+bool add_vllm_queue_type(PyObject* module);
 /// The native policy ``name`` with ``options`` (a dict of numbers, or None) into ``out``;
 /// false with ConfigError set for an unknown name or option or a value out of range.
 bool native_build_policy(const char* name, int32_t num_blocks, PyObject* options,

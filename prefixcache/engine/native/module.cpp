@@ -239,7 +239,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   Py_INCREF(&g_block_ids_type);
   if (PyModule_AddObject(module, "BlockIds", reinterpret_cast<PyObject*>(&g_block_ids_type)) < 0 ||
       !add_engine_type(module) || !add_policy_type(module) ||
-      !add_session_type(module)) {
+      !add_session_type(module) || !add_vllm_queue_type(module)) {
     Py_DECREF(module);
     return nullptr;
   }

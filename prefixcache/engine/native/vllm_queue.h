@@ -1,0 +1,123 @@
+// VllmQueue: the vLLM plugin's free-block queue with its bookkeeping in arrays (C++).
+//
+// The twin of integrations/vllm_queue.py's PolicyFreeBlockQueue for a native policy
+// (DESIGN.md, "vLLM integration"): the same sections (hash-less blocks handed out first,
+// the policy's free leaves, free inner blocks), the same parent links, clock, use counts
+// and depths, the same calls to the policy in the same order, so it hands out the same
+// blocks. It keeps them in arrays indexed by block ID and takes a whole request's blocks
+// per call (append_n, popleft_n, note_registered, note_hits): no Python call per block.
+// Blocks are vLLM KVCacheBlock objects (anything with block_id, block_hash, is_null);
+// their IDs lie in [0, num_blocks). Not thread-safe (vLLM's scheduler owns its pool).
+#ifndef PREFIXCACHE_ENGINE_NATIVE_VLLM_QUEUE_H_
+#define PREFIXCACHE_ENGINE_NATIVE_VLLM_QUEUE_H_
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "policy.h"
+
+namespace prefixcache {
+
+/// An insertion-ordered set of block IDs linked through two arrays: push at either end,
+/// erase any member, read the front, all O(1). Membership is kept by the caller.
+class IdChain {
+ public:
+  void reset(size_t n);
+  void push_back(int32_t id);
+  void push_front(int32_t id);
+  void erase(int32_t id);
+  int32_t front() const noexcept { return head_; }
+  int32_t next(int32_t id) const noexcept { return next_[static_cast<size_t>(id)]; }
+  size_t size() const noexcept { return size_; }
+
+ private:
+  std::vector<int32_t> prev_, next_;
+  int32_t head_ = kNoBlock, tail_ = kNoBlock;
+  size_t size_ = 0;
+};
+
+/// What the queue reads of a vLLM block (vllm_queue.cpp); false with a Python error set.
+namespace vllm_block {
+/// Interns the attribute names read below (once); false with MemoryError set.
+bool ready();
+/// policy_hash(key) of vllm_queue.py: XXH3-64 of bytes, else Python's hash; 63 bits.
+bool policy_hash(PyObject* key, int64_t* out);
+/// Whether ``block`` is neither null nor hash-less; ``*key``: its block_hash (a new ref).
+bool cacheable(PyObject* block, bool* out, PyObject** key);
+bool is_null(PyObject* block, bool* out);
+/// ``block.block_hash``, a new reference (nullptr with an error set).
+PyObject* hash_key(PyObject* block);
+/// ``block.block_id`` as a long long (false with an error set).
+bool raw_id(PyObject* block, long long* out);
+}  // namespace vllm_block
+
+enum class Section : int8_t { kNone = 0, kFirst = 1, kLeaf = 2, kInner = 3 };
+
+/// The queue's state and operations. Every method that returns bool returns false with a
+/// Python exception set; errors about the caller's input are raised before any change.
+class VllmQueueCore {
+ public:
+  VllmQueueCore(int32_t num_blocks, std::unique_ptr<Policy> policy, bool on_register);
+  ~VllmQueueCore();
+  VllmQueueCore(const VllmQueueCore&) = delete;
+  VllmQueueCore& operator=(const VllmQueueCore&) = delete;
+
+  int64_t num_free() const noexcept { return num_free_; }
+  /// One eviction counted (HashRemovalHook: a victim lost its hashes), for the metrics.
+  void count_eviction() noexcept { ++evictions_; }
+  /// The evictions counted since the last call.
+  int64_t take_evictions() noexcept { return std::exchange(evictions_, 0); }
+  bool popleft_n(int64_t n, PyObject** out);  // a new list
+  bool remove(PyObject* block);
+  bool append_n(PyObject* blocks);   // a list or tuple
+  bool prepend_n(PyObject* blocks);  // a list or tuple
+  bool note_registered(PyObject* blocks, Py_ssize_t start, Py_ssize_t stop);
+  bool note_hits(PyObject* blocks);  // any iterable
+  bool note_hash_removed(PyObject* block);
+  bool knows(int64_t block_id) const noexcept;
+  bool note_moved(PyObject* source, PyObject* target);
+  bool note_reset();
+  bool eviction_order(PyObject** out);  // a new list: the hand-out order, on a copy
+  bool check_invariants();
+  int traverse(visitproc visit, void* arg);
+  void clear_blocks();
+
+ private:
+  bool block_id(PyObject* block, int32_t* out) const;
+  bool ids_of(PyObject* seq, std::vector<int32_t>& ids, std::vector<PyObject*>& items) const;
+  bool check_not_free(const std::vector<int32_t>& ids);
+  void keep(int32_t id, PyObject* block);
+  bool leaf_info(int32_t id, PyObject* key, LeafInfo* out);
+  bool insert_leaf(int32_t id);
+  bool cut(int32_t id);
+  void link_child(int32_t parent, int32_t child);
+  void unlink_child(int32_t child);
+  void forget(int32_t id) noexcept;
+  bool take_victim(int32_t* out);
+
+  const int32_t num_blocks_;
+  std::unique_ptr<Policy> policy_;
+  const bool on_register_;
+  int64_t num_free_ = 0;
+  int64_t clock_ = 0;
+  int64_t evictions_ = 0;
+  std::vector<PyObject*> blocks_;  // strong references, every block seen
+  std::vector<Section> where_;
+  IdChain first_, inner_;              // hash-less (handed out first); inner, in free order
+  std::vector<int64_t> stamp_;         // clock when last freed (0: none)
+  std::vector<int64_t> depth_;         // position in its block table (-1: not registered)
+  std::vector<int64_t> accesses_;      // 1 + prefix hits since filled (0: none)
+  std::vector<int32_t> parent_;        // cached parent (kNoBlock: none)
+  std::vector<int32_t> first_child_;   // children: a list per parent through sibling links
+  std::vector<int32_t> sibling_prev_, sibling_next_;
+  std::vector<int32_t> num_children_;
+};
+
+}  // namespace prefixcache
+
+#endif  // PREFIXCACHE_ENGINE_NATIVE_VLLM_QUEUE_H_
