@@ -122,7 +122,10 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
   }
 
   void on_register(const int64_t* hashes, size_t count, int64_t) override {
+    constexpr size_t kAhead = 8;  // history lookups started before they are needed
+    for (size_t i = 0; i < std::min(count, kAhead); ++i) history_.prefetch(hashes[i]);
     for (size_t i = 0; i < count; ++i) {
+      if (i + kAhead < count) history_.prefetch(hashes[i + kAhead]);
       const Ghost* ghost = history_.get(hashes[i]);
       if (!ghost) continue;
       const Ghost seen = *ghost;

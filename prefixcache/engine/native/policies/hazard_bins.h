@@ -5,8 +5,8 @@
 // return exactly what it returns with the C library's log2 (Python's math.log2 calls it).
 // Each bin k >= 1 starts at the smallest double x whose reference bin is >= k, found once
 // per process by a binary search over the bit patterns of [1, 2**33] with std::log2 itself;
-// a lookup then starts from the octave in x's exponent and steps down past the starts
-// above x (at most six compares). That agrees with the reference wherever the computed
+// a lookup counts the starts at or below x among the six bins around the octave in x's
+// exponent (no branch). That agrees with the reference wherever the computed
 // log2 is monotone across each bin start; glibc's log2 errs by well under one ulp, so a
 // non-monotone stretch can only be a few doubles wide around a start, and the build checks
 // the 64 doubles on either side of every start. Should any check fail (another libm), the
@@ -43,8 +43,10 @@ class HazardAgeBins {
   /// The bin of ``x`` = age + 1.0 (age >= 0), as reference(x).
   int bin(double x) const noexcept {
     if (!exact_) return reference(x);
-    int k = first_guess(x);
-    while (start_[k] > x) --k;
+    const int base = lowest_candidate(x);
+    if (base >= kNumAgeBins - 1) return kNumAgeBins - 1;
+    int k = base;  // + the starts at or below x among the next five bins (no branch)
+    for (int step = 1; step <= kCandidates; ++step) k += start_[base + step] <= x;
     return k;
   }
 
@@ -58,7 +60,9 @@ class HazardAgeBins {
  private:
   HazardAgeBins() {
     start_[0] = -std::numeric_limits<double>::infinity();
-    start_[kNumAgeBins] = std::numeric_limits<double>::infinity();
+    for (int k = kNumAgeBins; k < kNumStarts; ++k) {
+      start_[k] = std::numeric_limits<double>::infinity();
+    }
     exact_ = true;
     for (int k = 1; k < kNumAgeBins; ++k) {
       uint64_t low = bits(1.0), high = bits(8589934592.0);  // reference < k at 1, >= k at 2**33
@@ -72,7 +76,14 @@ class HazardAgeBins {
           exact_ = false;
         }
       }
-      if (!(start_[k] > start_[k - 1]) || first_guess(start_[k]) < k) exact_ = false;
+      if (!(start_[k] > start_[k - 1])) exact_ = false;
+    }
+    // Each octave [2**e, 2**(e + 1)) must lie within its candidates' bins.
+    for (int exponent = 0; exponent < 32; ++exponent) {
+      const double first = std::ldexp(1.0, exponent);
+      const double last = value(bits(std::ldexp(1.0, exponent + 1)) - 1);
+      const int base = lowest_candidate(first);
+      if (!(start_[base] <= first) || !(start_[base + kCandidates + 1] > last)) exact_ = false;
     }
   }
 
@@ -87,14 +98,16 @@ class HazardAgeBins {
     return x;
   }
 
-  // A bin at or above x's: its octave's last bin plus two (x >= 1, so the exponent >= 0).
-  static int first_guess(double x) noexcept {
+  // The lowest bin x may be in: the one before its octave's first (x >= 1: exponent >= 0).
+  static int lowest_candidate(double x) noexcept {
     const int exponent = static_cast<int>((bits(x) >> 52) & 0x7ff) - 1023;
-    if (exponent < 0) return 0;
-    return exponent >= 30 ? kNumAgeBins - 1 : kBinsPerOctave * exponent + 5;
+    if (exponent <= 0) return 0;
+    return exponent >= 32 ? kNumAgeBins - 1 : kBinsPerOctave * exponent - 1;
   }
 
-  double start_[kNumAgeBins + 1];  // start_[k]: the smallest x in bin k; [128] = infinity
+  static constexpr int kCandidates = 5;  // bins above lowest_candidate x may be in
+  static constexpr int kNumStarts = kNumAgeBins + kCandidates + 1;
+  double start_[kNumStarts];  // start_[k]: the smallest x in bin k; infinity from 128 on
   bool exact_;
 };
 
