@@ -50,9 +50,10 @@ class HazardAgeBins {
     return k;
   }
 
-  /// Whether ``x`` lies in bin ``k`` by the table (false when the table is inexact).
-  bool holds(int k, double x) const noexcept {
-    return exact_ && start_[k] <= x && x < start_[k + 1];
+  /// The x of bin ``k``, [low, high); an empty range when the table is inexact.
+  void range(int k, double& low, double& high) const noexcept {
+    low = exact_ ? start_[k] : std::numeric_limits<double>::infinity();
+    high = exact_ ? start_[k + 1] : -std::numeric_limits<double>::infinity();
   }
 
   bool exact() const noexcept { return exact_; }

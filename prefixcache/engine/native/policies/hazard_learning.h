@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
+#include <limits>
 
 #include "hazard_bins.h"
 
@@ -45,7 +46,7 @@ class HazardLearning {
       std::fill(std::begin(cumulative), std::end(cumulative), 0.0);
     }
     std::fill(std::begin(pooled_), std::end(pooled_), 0.0);
-    for (Scored& scored : scored_) scored.low = -1;
+    for (Scored& scored : scored_) scored.forget();
     used_bins_ = rows_ = 0;
     events_ = 0;
     lifetime_ = 0.0;
@@ -54,7 +55,7 @@ class HazardLearning {
   /// Count a block entering ``klass`` (an event).
   void enter(int klass) {
     entered_[klass] += 1.0;
-    scored_[klass].low = -1;
+    scored_[klass].forget();
     tick();
   }
 
@@ -79,7 +80,7 @@ class HazardLearning {
     const double x = age + 1.0;
     const double y = (age + reach) + 1.0;
     Scored& scored = scored_[klass];
-    if (scored.low >= 0 && bins_.holds(scored.low, x) && bins_.holds(scored.high - 1, y)) {
+    if (scored.x_low <= x && x < scored.x_high && scored.y_low <= y && y < scored.y_high) {
       return scored.score;
     }
     const int low = bins_.bin(x);
@@ -90,15 +91,17 @@ class HazardLearning {
         prior_weight_ * (pooled_[high_row] - pooled_[low_row]);
     const double survivors = entered_[klass] - cumulative_[low_row][klass] +
                              prior_weight_ * (1.0 - pooled_[low_row]);
-    scored = Scored{low, high, survivors > 0 ? reused_in_window / survivors : 0.0};
+    scored.score = survivors > 0 ? reused_in_window / survivors : 0.0;
+    bins_.range(low, scored.x_low, scored.x_high);
+    bins_.range(high - 1, scored.y_low, scored.y_high);
     return scored.score;
   }
 
  private:
-  struct Scored {
-    int low;  // the bins the score was computed for; -1: none
-    int high;
+  struct Scored {  // a class's score, valid while age + 1 and age + reach + 1 stay in
+    double x_low, x_high, y_low, y_high;  // [x_low, x_high) and [y_low, y_high)
     double score;
+    void forget() noexcept { x_low = std::numeric_limits<double>::infinity(); }
   };
 
   void tick() {
@@ -144,7 +147,7 @@ class HazardLearning {
       for (int klass = 0; klass < kNumClasses; ++klass) sum += cumulative_[row][klass];
       pooled_[row] = sum * scale;
     }
-    for (Scored& scored : scored_) scored.low = -1;
+    for (Scored& scored : scored_) scored.forget();
   }
 
   const double decay_;
