@@ -41,6 +41,15 @@ class HashIndex {
     }
   }
 
+  /// Start loading ``key``'s home slot into the cache, for a find() soon after.
+  void prefetch(int64_t key) const noexcept {
+#if defined(__GNUC__)
+    __builtin_prefetch(&keys_[home(key)]);
+#else
+    (void)key;
+#endif
+  }
+
   /// Insert ``key`` (not present, not 0). Complexity: O(1) expected.
   void insert(int64_t key, int32_t value) noexcept {
     size_t slot = home(key);

@@ -27,6 +27,9 @@ class LinkedMap {
   bool empty() const noexcept { return index_.size() == 0; }
   bool contains(int64_t key) const noexcept { return index_.find(key) >= 0; }
 
+  /// Start loading what get(key) reads first (HashIndex::prefetch).
+  void prefetch(int64_t key) const noexcept { index_.prefetch(key); }
+
   /// The value of ``key``, or nullptr.
   V* get(int64_t key) noexcept {
     const int32_t slot = index_.find(key);
