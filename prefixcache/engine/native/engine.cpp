@@ -134,6 +134,11 @@ bool Engine::allocate(int64_t num_blocks, int32_t* out) {
 
 void Engine::release(const int32_t* ids, size_t count, bool paused) {
   if (count == 0) return;
+  // The fast path caches or frees what it drops; ref-zero's subtree drops take the general one.
+  if (!paused && !group_depth_ && (policy_ || index_.size() == 0) &&
+      release_distinct(ids, count)) {
+    return;
+  }
   if (group_depth_ && !paused) {
     count_occurrences(ids, count);
     queue_release();
@@ -152,6 +157,51 @@ void Engine::release(const int32_t* ids, size_t count, bool paused) {
     }
   }
   drop_references(paused);
+}
+
+bool Engine::release_distinct(const int32_t* ids, size_t count) {
+  // release's check (an active reference to drop) and the repeat test, in one pass without
+  // branches. Raw pointers: nothing below resizes the arrays (a policy cannot).
+  uint32_t* const stamp = stamp_.data();
+  int32_t* const active = active_.data();
+  const uint32_t generation = next_generation();
+  bool fine = true;
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t block_id = ids[i];
+    fine &= (stamp[block_id] != generation) & (active[block_id] > 0);
+    stamp[block_id] = generation;
+  }
+  if (!fine) return false;
+  // drop_references and on_unreferenced in one pass: of the blocks left unreferenced, the
+  // hashed leaves go to the policy in release order, then the unhashed to the free list.
+  const int32_t* const paused = paused_.data();
+  const int64_t* const hash_of = hash_of_.data();
+  const int32_t* const num_children = num_children_.data();
+  std::vector<int32_t>& leaves = hashed_;
+  std::vector<int32_t>& unhashed = unhashed_;
+  leaves.clear();
+  unhashed.clear();
+  int64_t emptied = 0, still_held = 0, cached = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t block_id = ids[i];
+    if (--active[block_id] != 0) continue;
+    ++emptied;
+    if (paused[block_id]) {
+      ++still_held;
+    } else if (hash_of[block_id] != 0) {  // only with a policy: see release
+      ++cached;
+      if (num_children[block_id] == 0) leaves.push_back(block_id);
+    } else {
+      unhashed.push_back(block_id);
+    }
+  }
+  counters_.num_released += static_cast<int64_t>(count);
+  for (const int32_t block_id : leaves) insert_leaf(block_id);
+  for (const int32_t block_id : unhashed) push_free(block_id);
+  num_cached_ += cached;
+  num_active_ -= emptied;
+  num_paused_ += still_held;
+  return true;
 }
 
 void Engine::queue_release() {

@@ -165,6 +165,12 @@ class Engine {
   void take_references();
   /// Tell a policy that uses on_hit the hashes of the hit ``ids`` (after their references).
   void report_hit(const int32_t* ids, size_t count);
+  // Fast paths for IDs that are all distinct (a session's chain, a request's row): one
+  // pass checks every ID and detects a repeat (stamp_), one pass writes. False when an ID
+  // repeats or a check fails: nothing changed, and the caller runs the general path, which
+  // raises exactly its own errors. The same writes in the same order as the general path.
+  bool acquire_distinct(const int32_t* ids, size_t count);
+  bool release_distinct(const int32_t* ids, size_t count);
   void check_headroom(const std::vector<int32_t>& refs, const char* partition) const;
   void queue_release();
   void flush_releases();

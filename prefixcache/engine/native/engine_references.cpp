@@ -21,7 +21,7 @@ namespace {
 // ------------------------------------------------------------------ references
 
 void Engine::acquire(const int32_t* ids, size_t count) {
-  if (count == 0) return;
+  if (count == 0 || acquire_distinct(ids, count)) return;
   count_occurrences(ids, count);
   for (const int32_t block_id : unique_) {
     if (!is_registered(block_id) && is_unreferenced(block_id)) {
@@ -32,6 +32,53 @@ void Engine::acquire(const int32_t* ids, size_t count) {
   }
   check_headroom(active_, "active");
   take_references();
+}
+
+bool Engine::acquire_distinct(const int32_t* ids, size_t count) {
+  // acquire's checks (not free, headroom for one more) and the repeat test, in one pass
+  // without branches. Raw pointers: nothing below resizes the arrays (a policy cannot).
+  uint32_t* const stamp = stamp_.data();
+  int32_t* const active = active_.data();
+  const int32_t* const paused = paused_.data();
+  const int64_t* const hash_of = hash_of_.data();
+  const uint32_t generation = next_generation();
+  bool fine = true;
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t block_id = ids[i];
+    const int32_t held = active[block_id];
+    fine &= (stamp[block_id] != generation) & (held != INT32_MAX) &
+            ((hash_of[block_id] != 0) | (held != 0) | (paused[block_id] != 0));
+    stamp[block_id] = generation;
+  }
+  if (!fine) return false;
+  // take_references with one reference each, last_access_ written in the same pass (the
+  // policy never reads it; the clock moves after the pass, as there).
+  const int32_t* const num_children = num_children_.data();
+  int64_t* const num_accesses = num_accesses_.data();
+  int64_t* const last_access = last_access_.data();
+  Policy* const policy = policy_.get();
+  int64_t activated = 0, from_paused = 0, cached = 0;
+  const int64_t now = counters_.clock + 1;
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t block_id = ids[i];
+    if (active[block_id] == 0) {
+      ++activated;
+      if (paused[block_id]) {
+        ++from_paused;
+      } else {
+        ++cached;
+        if (policy && num_children[block_id] == 0) policy->discard(block_id);
+      }
+    }
+    ++active[block_id];
+    ++num_accesses[block_id];
+    last_access[block_id] = now;
+  }
+  num_active_ += activated;
+  num_paused_ -= from_paused;
+  num_cached_ -= cached;
+  counters_.clock = now;
+  return true;
 }
 
 void Engine::check_headroom(const std::vector<int32_t>& refs, const char* partition) const {
