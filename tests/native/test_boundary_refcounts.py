@@ -187,6 +187,8 @@ def test_every_native_policy_method_leaves_its_arguments_refcounts_as_they_were(
         ("evicts_first", (4, big, big, 1, 0)),
         ("relocate", (3, 5, big, big, 1, 0)),
         ("on_register", (hashes, 0)),
+        ("on_hit", (hashes,)),
+        ("on_hit", (["x"],)),  # refused
         ("set_retention", (big, 2, big)),
         ("clear", ()),
         ("memory_bytes", ()),
