@@ -18,6 +18,8 @@ Sections:
   do it, for testing and timing the integrations; :mod:`~prefixcache.testing.fake_vllm`,
   a vLLM 0.33 block pool, queue and scheduler written to a folder, for testing the
   vLLM plugin where vLLM is not installed.
+- **A composed request** (:func:`~prefixcache.testing.composed_request.serve_composed`):
+  hash, match and pin, allocate, register, release, as an engine calls them one by one.
 - **Pages** (:mod:`~prefixcache.testing.pages`): a fragmented full pool and its
   count of whole free pages, for page-aware eviction.
 

@@ -31,6 +31,7 @@ from prefixcache import BudgetExceededError, KVBlockAllocator, PrefixCacheError
 from prefixcache.engine.defragment import DefragmentPlan
 from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
 from prefixcache.testing import changed_fields, state_digest
+from prefixcache.testing.composed_request import serve_composed
 
 pytestmark = [
     pytest.mark.skipif(
@@ -154,23 +155,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         """A request the way an engine composes it: hash, match and pin, allocate, register."""
 
         def run(allocator: KVBlockAllocator) -> list[int] | None:
-            hashes = allocator.hash_tokens(tokens)
-            limit = (len(tokens) - 1) // BLOCK_SIZE if tokens else 0
-            hit = allocator.match_prefix(hashes[:limit], acquire=True).tolist()
-            new = allocator.allocate_memory_blocks(-(-len(tokens) // BLOCK_SIZE) - len(hit))
-            if new is None:
-                allocator.release_memory_blocks(hit)
-                return None
-            new_ids = new.tolist()
-            if len(hashes) > len(hit):
-                allocator.register_kv_block_hashes(
-                    new_ids[: len(hashes) - len(hit)],
-                    hashes[len(hit) :],
-                    parent_hash=hashes[len(hit) - 1] if hit else None,
-                )
-            if not keep:
-                allocator.release_memory_blocks(hit + new_ids)
-            return hit + new_ids
+            return serve_composed(allocator, tokens, BLOCK_SIZE, keep=keep)
 
         kind, ids = self.both(run)
         if kind == "ok" and ids is not None and keep:

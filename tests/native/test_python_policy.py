@@ -40,6 +40,7 @@ from prefixcache.engine.native_engine import native_available
 from prefixcache.engine.selection import PYTHON_POLICY_MAX_BLOCKS
 from prefixcache.engine.sessions import Session
 from prefixcache.testing import changed_fields, state_digest
+from prefixcache.testing.composed_request import serve_composed
 
 pytestmark = pytest.mark.skipif(
     not native_available(), reason="the native engine (prefixcache.engine._native) is not built"
@@ -186,22 +187,7 @@ class PythonPolicyMachine(RuleBasedStateMachine):
     @rule(tokens=tokens_st, keep=st.booleans())
     def serve(self, tokens: list[int], keep: bool) -> None:
         def run(allocator: KVBlockAllocator) -> list[int] | None:
-            hashes = allocator.hash_tokens(tokens)
-            limit = (len(tokens) - 1) // BLOCK_SIZE if tokens else 0
-            hit = allocator.match_prefix(hashes[:limit], acquire=True).tolist()
-            new = allocator.allocate_memory_blocks(-(-len(tokens) // BLOCK_SIZE) - len(hit))
-            if new is None:
-                allocator.release_memory_blocks(hit)
-                return None
-            ids = new.tolist()
-            if len(hashes) > len(hit):
-                parent = hashes[len(hit) - 1] if hit else None
-                allocator.register_kv_block_hashes(
-                    ids[: len(hashes) - len(hit)], hashes[len(hit) :], parent_hash=parent
-                )
-            if not keep:
-                allocator.release_memory_blocks(hit + ids)
-            return hit + ids
+            return serve_composed(allocator, tokens, BLOCK_SIZE, keep=keep)
 
         kind, ids = self.both(run)
         if kind == "ok" and ids is not None and keep:
