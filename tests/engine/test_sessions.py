@@ -136,12 +136,16 @@ def run_program(
     sessions: list[Any],
     twins: list[Any],
     messages: bool = False,
+    tokens_of: st.SearchStrategy[list[int]] = tokens_st,
+    num_steps: int = 40,
+    steps: tuple[str, ...] = ("admit", "append", "release", "request", "evict", "defrag", "reset"),
 ) -> None:
     """A random program of turns, other requests, evictions, defragmentation and resets,
     run on both allocators: the same outcomes, rows and state after every step."""
-    for _ in range(data.draw(st.integers(1, 40), label="steps")):
+    tokens_st = tokens_of
+    for _ in range(data.draw(st.integers(1, num_steps), label="steps")):
         step = data.draw(
-            st.sampled_from(["admit", "append", "release", "request", "evict", "defrag", "reset"]),
+            st.sampled_from(steps),
             label="step",
         )
         index = data.draw(st.integers(0, 2), label="session")
@@ -188,6 +192,12 @@ def run_program(
         ours.check_invariants()
 
 
+POLICIES = ["lru", "fifo", "ref_zero", "auto", "lfu", "hazard"]
+"""Pins with lru, fifo, lfu and hazard (these two read the stamps and counts pins hand
+down); full references with ref_zero (nothing cached) and auto (hears of every hit)."""
+TOTALS = [7, 10, 14]
+"""Small pools: eviction with pinned sessions, the last resort when no leaf is left."""
+
 PROGRAMS = settings(
     max_examples=60,
     deadline=None,
@@ -198,28 +208,47 @@ PROGRAMS = settings(
 
 @pytest.mark.parametrize("kind", KINDS)
 @PROGRAMS
-@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero", "auto"]))
+@given(data=st.data(), policy=st.sampled_from(POLICIES), total=st.sampled_from(TOTALS))
 def test_a_session_turn_equals_a_new_request_over_the_whole_conversation(
-    kind: str, policy: str, data: st.DataObject
+    kind: str, policy: str, total: int, data: st.DataObject
 ) -> None:
     engine = "python" if kind == "python" else "native"
-    ours, theirs = build(engine, policy), build(engine, policy)
+    ours, theirs = build(engine, policy, total), build(engine, policy, total)
     sessions = [open_session(ours, kind) for _ in range(3)]
     run_program(data, ours, theirs, sessions, [Twin(theirs) for _ in range(3)])
 
 
 @pytest.mark.skipif(not native_available(), reason="the native engine is not built")
 @PROGRAMS
-@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero", "auto"]))
+@given(data=st.data(), policy=st.sampled_from(POLICIES), total=st.sampled_from(TOTALS))
 def test_the_native_session_equals_the_python_session_step_by_step(
-    policy: str, data: st.DataObject
+    policy: str, total: int, data: st.DataObject
 ) -> None:
     """The extension's session against the reference on the same engine: the same
     outcomes (error messages included), rows, token counts and engine state."""
-    ours, theirs = build("native", policy), build("native", policy)
+    ours, theirs = build("native", policy, total), build("native", policy, total)
     natives = [open_session(ours, "native") for _ in range(3)]
     references = [open_session(theirs, "native+python-session") for _ in range(3)]
     run_program(data, ours, theirs, natives, references, messages=True)
+
+
+long_tokens_st = st.lists(st.integers(0, 40), min_size=1, max_size=6)
+"""Conversations that rarely meet: long pinned chains, evicted from their ends under pressure
+(the stamps and counts handed down), and the last resort when no leaf is left."""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@PROGRAMS
+@given(data=st.data(), policy=st.sampled_from(POLICIES), total=st.sampled_from([9, 12, 16]))
+def test_pinned_chains_under_eviction_pressure_equal_full_references(
+    kind: str, policy: str, total: int, data: st.DataObject
+) -> None:
+    engine = "python" if kind == "python" else "native"
+    ours, theirs = build(engine, policy, total), build(engine, policy, total)
+    sessions = [open_session(ours, kind) for _ in range(3)]
+    twins = [Twin(theirs) for _ in range(3)]
+    turns = ("admit", "admit", "append", "release", "release", "request", "evict", "defrag")
+    run_program(data, ours, theirs, sessions, twins, tokens_of=long_tokens_st, steps=turns, num_steps=80)
 
 
 def five_short_turns(session: Any) -> None:
