@@ -17,9 +17,12 @@ import dataclasses
 import re
 from typing import Any
 
-from prefixcache.engine.allocator import KVBlockAllocator
+import numpy as np
 
-__all__ = ["as_full_references", "pins_through"]
+from prefixcache.engine.allocator import KVBlockAllocator
+from prefixcache.errors import CapacityError
+
+__all__ = ["Twin", "as_full_references", "pins_through"]
 
 
 def pins_through(allocator: KVBlockAllocator) -> dict[int, int]:
@@ -65,3 +68,54 @@ def as_full_references(digest: dict[str, Any], allocator: KVBlockAllocator) -> d
         ),
     )
     return adjusted
+
+
+class Twin:
+    """A session's turns as new requests over the whole conversation (what it must equal)."""
+
+    def __init__(self, allocator: KVBlockAllocator) -> None:
+        self.allocator = allocator
+        self.block_size = allocator.block_size_tokens
+        self.tokens: list[int] = []
+        self.held: list[int] = []
+
+    @property
+    def running(self) -> bool:
+        return bool(self.held)
+
+    @property
+    def row(self) -> list[int]:
+        return self.held
+
+    def admit(self, tokens: list[int]) -> int:
+        prompt = self.tokens + tokens
+        row = np.zeros(-(-len(prompt) // self.block_size), dtype=np.int32)
+        num_hit = self.allocator.admit_request(prompt, row)
+        self.tokens, self.held = prompt, row.tolist()
+        return num_hit
+
+    def append(self, tokens: list[int]) -> None:
+        grown = self.tokens + tokens
+        needed = -(-len(grown) // self.block_size) - len(self.held)
+        new: list[int] = []
+        if needed:
+            ids = self.allocator.allocate_block_ids(needed)
+            if ids is None:
+                raise CapacityError("short")
+            new = list(ids)
+        held = self.held + new
+        before, after = len(self.tokens) // self.block_size, len(grown) // self.block_size
+        hashes = self.allocator.hash_tokens(grown)
+        # A parent hash gone (its registration refused, its holder evicted): none registered.
+        engine = self.allocator._engine
+        if after > before and (not before or engine.block_of(hashes[before - 1]) is not None):
+            self.allocator.register_kv_block_hashes(
+                held[before:after],
+                hashes[before:after],
+                parent_hash=hashes[before - 1] if before else None,
+            )
+        self.tokens, self.held = grown, held
+
+    def release(self) -> None:
+        self.allocator.release_request(self.held)
+        self.held = []

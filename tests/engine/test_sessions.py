@@ -37,7 +37,7 @@ from prefixcache.engine.locked import ThreadSafeAllocator
 from prefixcache.engine.native_engine import native_available
 from prefixcache.engine.sessions import Session, SessionHandle
 from prefixcache.testing import state_digest
-from prefixcache.testing.pinned import as_full_references
+from prefixcache.testing.pinned import Twin, as_full_references
 
 BLOCK = 2
 ENGINES = ["python", "native"] if native_available() else ["python"]
@@ -62,56 +62,6 @@ def open_session(allocator: KVBlockAllocator, kind: str) -> SessionHandle:
     session = allocator.open_session()
     assert isinstance(session, Session) == (kind == "python")
     return session
-
-
-class Twin:
-    """A session's turns as new requests over the whole conversation (what it must equal)."""
-
-    def __init__(self, allocator: KVBlockAllocator) -> None:
-        self.allocator = allocator
-        self.tokens: list[int] = []
-        self.held: list[int] = []
-
-    @property
-    def running(self) -> bool:
-        return bool(self.held)
-
-    @property
-    def row(self) -> list[int]:
-        return self.held
-
-    def admit(self, tokens: list[int]) -> int:
-        prompt = self.tokens + tokens
-        row = np.zeros(-(-len(prompt) // BLOCK), dtype=np.int32)
-        num_hit = self.allocator.admit_request(prompt, row)
-        self.tokens, self.held = prompt, row.tolist()
-        return num_hit
-
-    def append(self, tokens: list[int]) -> None:
-        grown = self.tokens + tokens
-        needed = -(-len(grown) // BLOCK) - len(self.held)
-        new: list[int] = []
-        if needed:
-            ids = self.allocator.allocate_block_ids(needed)
-            if ids is None:
-                raise CapacityError("short")
-            new = list(ids)
-        held = self.held + new
-        before, after = len(self.tokens) // BLOCK, len(grown) // BLOCK
-        hashes = self.allocator.hash_tokens(grown)
-        # A parent hash gone (its registration refused, its holder evicted): none registered.
-        engine = self.allocator._engine
-        if after > before and (not before or engine.block_of(hashes[before - 1]) is not None):
-            self.allocator.register_kv_block_hashes(
-                held[before:after],
-                hashes[before:after],
-                parent_hash=hashes[before - 1] if before else None,
-            )
-        self.tokens, self.held = grown, held
-
-    def release(self) -> None:
-        self.allocator.release_request(self.held)
-        self.held = []
 
 
 def outcome(call: Any, messages: bool = False) -> object:
