@@ -198,7 +198,9 @@ def test_pinned_chains_under_eviction_pressure_equal_full_references(
     sessions = [open_session(ours, kind) for _ in range(3)]
     twins = [Twin(theirs) for _ in range(3)]
     turns = ("admit", "admit", "append", "release", "release", "request", "evict", "defrag")
-    run_program(data, ours, theirs, sessions, twins, tokens_of=long_tokens_st, steps=turns, num_steps=80)
+    run_program(
+        data, ours, theirs, sessions, twins, tokens_of=long_tokens_st, steps=turns, num_steps=80
+    )
 
 
 def five_short_turns(session: Any) -> None:
