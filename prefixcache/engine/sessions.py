@@ -30,10 +30,12 @@ C++ (``engine/native/session.cpp``), one native call a step. This class stays
 the reference, and the path for the Python engine, events, routing and wide
 hashes (``tests/engine/test_sessions.py`` runs both against each other).
 
-What still costs O(context) per turn: the reference count of every context
-block is taken and dropped (``take_hit`` and the release walk the IDs in the
-engine, a few ns a block natively), and when the free blocks alone cannot
-hold the turn, the capacity check reads the context blocks' counts.
+A turn references only its hit chain's tail where the engine allows it (the
+chain pin, ``engine/pins.py``: ``pin_chain`` and ``release_pinned``); the
+ancestors stay cached, kept by the leaf rule. What still costs O(context) per
+turn: with ``auto`` or ref-zero (full references: ``take_hit`` and the release
+walk every context block), and when the free blocks and the pinned chains'
+bound cannot show room, the capacity check's exact count.
 """
 
 from __future__ import annotations
@@ -230,7 +232,8 @@ class Session:
                 eviction. Nothing changes, the session included.
 
         Complexity: O(len(tokens)) hashing and matching, O(1) to check the
-        context, O(context blocks) reference updates in the engine.
+        context and pin its chain (O(context blocks) reference updates with
+        full references, and the row's copies in this Python object).
         """
         if self._num_held:
             raise BlockStateError("a turn of this session is running; release() it first")
