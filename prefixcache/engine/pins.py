@@ -26,13 +26,18 @@ turn takes full references.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from prefixcache.engine.free_list import SortedFreeList
+from prefixcache.engine.partitions import PartitionLedger
+from prefixcache.engine.pool import BlockPool
 from prefixcache.engine.references import ReferenceTable
 from prefixcache.engine.registry import ROOT, HashRegistry
 from prefixcache.errors import BlockStateError
+from prefixcache.policies import EvictionPolicy
 
 __all__ = ["PinnedChains", "PythonPinSteps"]
 
@@ -93,7 +98,11 @@ class PythonPinSteps:
     refs: ReferenceTable
     registry: HashRegistry
     pins: PinnedChains
+    pool: BlockPool | SortedFreeList
+    ledger: PartitionLedger
+    policy: EvictionPolicy
     retains_unreferenced: bool
+    _observe_hit: Callable[[list[int]], None] | None
     _num_queried: int
     _num_hits: int
     _num_released: int
@@ -107,7 +116,11 @@ class PythonPinSteps:
     @property
     def can_pin(self) -> bool:
         """Whether a session may pin its chain (see the module doc)."""
-        raise NotImplementedError  # the engine's
+        return (
+            self.retains_unreferenced
+            and self._observe_hit is None
+            and not callable(getattr(self.policy, "bind_free_counts", None))
+        )
 
     @property
     def pin_bound(self) -> int:
@@ -156,7 +169,16 @@ class PythonPinSteps:
 
         Complexity: O(len(block_ids) + pinned chains).
         """
-        raise NotImplementedError  # the engine's
+        room: int = self.pool.num_free + self.ledger.num_cached
+        return room - self.pins.num_reserved(block_ids)
+
+    def num_evictable(self, num_blocks: int) -> int:
+        """How many of ``num_blocks`` cached blocks eviction may take (pinned chains kept):
+        O(1) when the bound leaves them, else the exact walk."""
+        cached: int = self.ledger.num_cached
+        if num_blocks <= cached - self.refs.pin_bound:
+            return num_blocks
+        return min(num_blocks, cached - self.pins.num_reserved())
 
     def pinned_tails(self) -> list[tuple[int, int]]:
         """``(tail, pins)`` of every pinned tail, by ID (tests compare against full references)."""

@@ -25,7 +25,7 @@ from prefixcache.policies import EvictionPolicy, has_hook
 _EMPTY_FREED = np.empty(0, dtype=np.int32)
 
 
-class PythonEngine(PythonEvictionSteps, PythonPartitionSteps, PythonPinSteps):
+class PythonEngine(PythonPinSteps, PythonEvictionSteps, PythonPartitionSteps):
     """Block state in numpy arrays and Python collaborators; drives any eviction policy.
 
     The readable reference of :class:`~prefixcache.engine.core.EngineCore`
@@ -158,24 +158,6 @@ class PythonEngine(PythonEvictionSteps, PythonPartitionSteps, PythonPinSteps):
         return self._clock
 
     # ------------------------------------------------------------------ allocation
-
-    @property
-    def can_pin(self) -> bool:
-        return (
-            self.retains_unreferenced
-            and self._observe_hit is None
-            and not callable(getattr(self.policy, "bind_free_counts", None))
-        )
-
-    def reclaimable(self, block_ids: np.ndarray) -> int:
-        return self.pool.num_free + self.ledger.num_cached - self.pins.num_reserved(block_ids)
-
-    def num_evictable(self, num_blocks: int) -> int:
-        """How many of ``num_blocks`` cached blocks eviction may take (pinned chains kept)."""
-        cached = self.ledger.num_cached
-        if num_blocks <= cached - self.refs.pin_bound:  # O(1): the bound suffices
-            return num_blocks
-        return min(num_blocks, cached - self.pins.num_reserved())
 
     def allocate(self, num_blocks: int) -> np.ndarray | None:
         shortfall = num_blocks - self.pool.num_free
