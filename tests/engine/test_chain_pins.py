@@ -167,3 +167,31 @@ def test_handed_down_stamps_and_counts_give_the_twins_victims(kind: str, policy:
         assert ours.evict_cached_blocks(1) == theirs.evict_cached_blocks(1) == 1
         same(ours, theirs)
     assert theirs.stats().num_cached == 0
+
+
+def test_a_failed_eviction_undoes_its_hand_downs(flaky: Any, injected_fault: Any) -> None:
+    """The Python planner writes a hand-down as it plans (the policy reads it at once);
+    a policy that raises afterwards leaves the stamps and counts as they were."""
+    policy, allocator = flaky(total_count=16)
+    session = allocator.open_session()
+    session.admit(list(range(8)))
+    session.release()
+    session.admit([50])  # pins the 4-block chain: its tail owes the ancestors a turn
+    row = session.block_ids.tolist()
+    tail = row[3]
+    session.release()
+    refs = allocator._engine.refs
+    assert refs.pin_pending[tail] == 1 and refs.pin_stamp[tail] == refs.last_access[tail]
+    before = state_digest(allocator)
+    policy.fail_at["insert"] = 1  # the parent's insert, right after the hand-down
+    with pytest.raises(injected_fault):
+        allocator.evict_cached_blocks(1)
+    assert state_digest(allocator) == before
+    parent_stamp = int(refs.last_access[row[2]])
+    policy.fail_at.clear()
+    assert allocator.evict_cached_blocks(1) == 1
+    parent, _, last_access, num_accesses, _ = policy.insert_args[-1]
+    assert parent == row[2]
+    assert last_access == int(refs.pin_stamp[tail]) > parent_stamp
+    assert num_accesses == 2  # registration, then the pinned turn handed down
+    assert refs.pin_pending[parent] == 1  # owed further up when the parent goes
