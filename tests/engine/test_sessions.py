@@ -13,6 +13,11 @@ and on the native engine both session objects: the extension's (what
 ``open_session`` returns on the fused path) and the Python reference
 :class:`~prefixcache.engine.sessions.Session`, also compared directly, step by
 step, error messages included.
+
+Turns pin their chain's tail where the engine allows it (lru, fifo, lfu, hazard; not
+ref_zero or auto): while a turn runs, its pinned ancestors are cached where the twin's
+are active, the one difference :func:`~prefixcache.testing.pinned.as_full_references`
+rewrites before the digests are compared (DESIGN.md, "Sessions", "The chain pin").
 """
 
 from __future__ import annotations
