@@ -25,6 +25,7 @@ from prefixcache.engine.introspection_methods import IntrospectionMethods
 from prefixcache.engine.kv_event_methods import KVEventMethods
 from prefixcache.engine.moe_routing import MoERoutingMethods
 from prefixcache.engine.partition_methods import PartitionMethods
+from prefixcache.engine.pins import room_beside
 from prefixcache.engine.pool import resolve_device
 from prefixcache.engine.prefix_hashing import (
     PrefixHashingMethods,
@@ -40,6 +41,8 @@ from prefixcache.errors import (
     ConfigError,
 )
 from prefixcache.policies import EvictionPolicy
+
+_NO_PINNED_HITS = np.empty(0, dtype=np.int32)
 
 
 class KVBlockAllocator(
@@ -174,7 +177,7 @@ class KVBlockAllocator(
         """
         engine = self._engine
         needed = check_count(num_blocks)
-        room = engine.num_free + engine.num_cached
+        room = room_beside(engine, needed, _NO_PINNED_HITS, 0)
         return needed <= room or (needed <= room + self._hint_room() and not self._group_depth)
 
     def allocate_memory_blocks(self, num_blocks: int) -> torch.Tensor | None:

@@ -129,7 +129,8 @@ class ClockMethods:
             True if that many blocks were evicted; False (nothing changes) if
             fewer are cached.
         """
-        if check_count(num_blocks) > self._engine.num_cached:
+        engine = self._engine
+        if check_count(num_blocks) > engine.num_evictable(engine.num_cached):
             return False
         self.evict_cached_blocks(num_blocks)
         return True

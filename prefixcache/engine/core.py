@@ -157,6 +157,43 @@ class EngineCore(Protocol):
         """
         ...
 
+    @property
+    def can_pin(self) -> bool:
+        """Whether a session may pin its chain's tail instead of each block (pins.py)."""
+        ...
+
+    @property
+    def pin_bound(self) -> int:
+        """The pinned chains' ancestors, counted with repeats: at least the cached blocks
+        pins keep. O(1)."""
+        ...
+
+    def pin_chain(self, block_ids: np.ndarray, num_queried: int) -> None:
+        """``take_hit(block_ids, num_queried, acquire=True)`` on a chain of two or more
+        blocks, referencing only its last (engine/pins.py)."""
+        ...
+
+    def release_pinned(self, block_ids: np.ndarray, chain_length: int) -> None:
+        """Release ``block_ids`` and the pin on ``block_ids[0]`` (a chain of ``chain_length``).
+
+        Raises:
+            BlockStateError: ``block_ids[0]`` is not pinned.
+        """
+        ...
+
+    def reclaimable(self, block_ids: np.ndarray) -> int:
+        """Free plus cached blocks less the cached ones among ``block_ids`` and those pinned
+        chains keep. O(len(block_ids) + pinned chains)."""
+        ...
+
+    def num_evictable(self, num_blocks: int) -> int:
+        """``num_blocks`` (at most the cached blocks), less what pinned chains keep."""
+        ...
+
+    def pinned_tails(self) -> list[tuple[int, int]]:
+        """``(tail, pins)`` of every pinned tail by ID."""
+        ...
+
     def acquire(self, block_ids: np.ndarray) -> None:
         """Take one active reference per occurrence on cached or referenced blocks.
 

@@ -168,7 +168,15 @@ def relocate_blocks(
     policy.commit()
     refs = engine.refs
     swapped = np.concatenate((dst, src))
-    for array in (refs.active, refs.paused, refs.last_access, refs.num_accesses):
+    for array in (
+        refs.active,
+        refs.paused,
+        refs.last_access,
+        refs.num_accesses,
+        refs.pins,
+        refs.pin_stamp,
+        refs.pin_pending,
+    ):
         array[both] = array[swapped]
     registry.relocate(src, dst)
 

@@ -7,6 +7,8 @@ from collections.abc import Callable
 import numpy as np
 
 from prefixcache.engine.journal import PolicyJournal
+from prefixcache.engine.pins import PinnedChains
+from prefixcache.engine.references import ReferenceTable
 from prefixcache.engine.registry import ROOT, HashRegistry
 from prefixcache.errors import InvariantError
 from prefixcache.policies import EvictionPolicy, has_hook
@@ -36,6 +38,7 @@ class EvictionPlanner:
         num_usable: usable blocks (the dummy block's ID).
         leaf_args: a block's insert arguments after its ID (hash, last
             access, accesses, depth), for the policy's ``evicts_first``.
+        refs: the reference table (its chain-pin arrays, engine/pins.py).
     """
 
     def __init__(
@@ -47,8 +50,14 @@ class EvictionPlanner:
         last_access: np.ndarray,
         num_usable: int,
         leaf_args: Callable[[int], tuple[int, int, int, int]],
+        refs: ReferenceTable,
     ) -> None:
         self._policy = policy
+        self._refs = refs
+        self._pinned = PinnedChains(registry, refs)
+        # (block, last access, accesses, pin stamp, pin pending) before each hand-down of
+        # the running plan, for undo_hand_downs.
+        self._handed: list[tuple[int, int, int, int, int]] = []
         self._leaf_args = leaf_args
         # A policy that can say whether an exposed parent would be its next victim
         # lets a chain be evicted from its end without a round trip per block.
@@ -90,6 +99,8 @@ class EvictionPlanner:
         """
         freed: list[int] = []
         dropped: list[int] = []
+        self._handed = []
+        pin_pending = self._refs.pin_pending
         gone: set[int] = set()
         lost_children: dict[int, int] = {}
         # Per evicted block this loop is the hot path of eviction-bound serving,
@@ -135,6 +146,8 @@ class EvictionPlanner:
             # policy says it would evict it next: then it is the next victim directly.
             parent_id = int(parent_of[block_id])
             if parent_id != ROOT:
+                if pin_pending[block_id]:
+                    self._hand_down(block_id, parent_id)
                 lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
                 if lost == num_children[parent_id] and not (active[parent_id] or paused[parent_id]):
                     if (
@@ -146,6 +159,42 @@ class EvictionPlanner:
                     else:
                         insert(parent_id)
         return freed, dropped
+
+    def _hand_down(self, block_id: int, parent_id: int) -> None:
+        """Give ``parent_id`` the stamp (max) and pending accesses (sum) that ``block_id``'s
+        pins owe it: what full references would have written on it (engine/pins.py).
+        Written now (``evicts_first`` and the journal read them); undone on failure."""
+        refs = self._refs
+        last, counts, stamps, pending = (
+            refs.last_access,
+            refs.num_accesses,
+            refs.pin_stamp,
+            refs.pin_pending,
+        )
+        self._handed.append(
+            (
+                parent_id,
+                last.item(parent_id),
+                counts.item(parent_id),
+                stamps.item(parent_id),
+                pending.item(parent_id),
+            )
+        )
+        stamp, owed = stamps.item(block_id), pending.item(block_id)
+        last[parent_id] = max(last.item(parent_id), stamp)
+        stamps[parent_id] = max(stamps.item(parent_id), stamp)
+        counts[parent_id] += owed
+        pending[parent_id] += owed
+
+    def undo_hand_downs(self) -> None:
+        """Restore what the failed plan's hand-downs wrote (before the journal rolls back)."""
+        refs = self._refs
+        for block_id, last, count, stamp, owed in reversed(self._handed):
+            refs.last_access[block_id] = last
+            refs.num_accesses[block_id] = count
+            refs.pin_stamp[block_id] = stamp
+            refs.pin_pending[block_id] = owed
+        self._handed = []
 
     def _drop_pinned_subtree(
         self, gone: set[int], lost_children: dict[int, int], dropped: list[int]
@@ -166,6 +215,9 @@ class EvictionPlanner:
             )
         gone.update(subtree[:-1])
         dropped.extend(subtree[:-1])
+        for descendant in subtree[:-1]:  # its descendants' pins owe block_id, then its parent
+            if self._refs.pin_pending[descendant]:
+                self._hand_down(descendant, block_id)
         return block_id
 
     def is_unreferenced(self, block_id: int) -> bool:
@@ -199,6 +251,8 @@ class EvictionPlanner:
         Complexity: O(total_count); reached only in that rare case.
         """
         registry = self._registry
+        # A pinned tail's ancestors would be referenced with full references: never taken.
+        pinned = self._pinned.ancestors() if self._refs.pin_bound else set()
         candidates = [
             block_id
             for block_id in np.flatnonzero(
@@ -208,6 +262,7 @@ class EvictionPlanner:
                 & (registry.num_children > 0)
             ).tolist()
             if block_id not in gone
+            and block_id not in pinned
             and registry.num_children[block_id] > lost_children.get(block_id, 0)
         ]
         if not candidates:
@@ -218,4 +273,10 @@ class EvictionPlanner:
         ids = np.asarray(candidates)
         depths = registry.depth_of[ids]
         deepest = ids[depths == depths.max()]
-        return int(deepest[np.argmin(self._last_access[deepest])])
+        stamps = self._last_access[deepest]
+        if len(deepest) > 1 and self._refs.pin_pending.any():
+            # The stamps full references would have written: with the descendants' pins.
+            pin_stamp = self._refs.pin_stamp
+            owed = [int(pin_stamp[self.subtree(int(b), gone)].max()) for b in deepest]
+            stamps = np.maximum(stamps, np.asarray(owed, dtype=np.int64))
+        return int(deepest[np.argmin(stamps)])

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from prefixcache.engine.core import EngineCore
+from prefixcache.engine.pins import room_beside
 from prefixcache.engine.prefix_hashing import to_hash_list
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import BudgetExceededError, InvalidArgumentError, ReferenceCountError
@@ -230,11 +231,11 @@ class HintMethods:
     def _room(self, hit: np.ndarray) -> int:
         """Blocks an allocation could get now, beside the distinct blocks ``hit`` will take."""
         engine = self._engine
-        room = engine.num_free + engine.num_cached
+        num_cached_hits = 0
         if len(hit):
             active, paused = engine.reference_counts(hit)
-            room -= len(np.unique(hit[(active + paused) == 0]))
-        return room
+            num_cached_hits = len(np.unique(hit[(active + paused) == 0]))
+        return room_beside(engine, engine.num_usable, hit, num_cached_hits)  # exact
 
     def _yield_hints(self, needed: int, hit: np.ndarray = _NO_IDS) -> bool:
         """Withdraw hints, newest first, until ``needed`` blocks fit beside ``hit``.

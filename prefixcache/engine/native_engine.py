@@ -233,6 +233,32 @@ class NativeEngine:
     def evict(self, num_blocks: int) -> int:
         return int(self.core.evict(num_blocks))
 
+    # ------------------------------------------------------------------ chain pins (pins.py)
+
+    @property
+    def can_pin(self) -> bool:
+        # A Python policy object's hooks may read anything: full references there.
+        return self.policy_object is None and bool(self.core.can_pin)
+
+    @property
+    def pin_bound(self) -> int:
+        return int(self.core.pin_bound)
+
+    def pin_chain(self, block_ids: np.ndarray, num_queried: int) -> None:
+        self.core.pin_chain(block_ids, num_queried)
+
+    def release_pinned(self, block_ids: np.ndarray, chain_length: int) -> None:
+        self.core.release_pinned(block_ids, chain_length)
+
+    def reclaimable(self, block_ids: np.ndarray) -> int:
+        return int(self.core.reclaimable(block_ids))
+
+    def num_evictable(self, num_blocks: int) -> int:
+        return int(self.core.num_evictable(num_blocks))
+
+    def pinned_tails(self) -> list[tuple[int, int]]:
+        return [(int(tail), int(count)) for tail, count in self.core.pinned_tails()]
+
     def set_retention(self, block_hashes: list[int], priority: int, expires_at: int | None) -> None:
         policy = self.policy_object
         if policy is not None:  # engine state is untouched: only the object's transaction

@@ -11,6 +11,7 @@ from prefixcache.engine.free_list import SortedFreeList, bind_page_policy
 from prefixcache.engine.invariants import find_invariant_problems
 from prefixcache.engine.journal import PolicyJournal
 from prefixcache.engine.partitions import PartitionLedger
+from prefixcache.engine.pins import PinnedChains, PythonPinSteps
 from prefixcache.engine.pool import BlockPool
 from prefixcache.engine.python_eviction import PythonEvictionSteps
 from prefixcache.engine.python_partitions import PythonPartitionSteps
@@ -24,7 +25,7 @@ from prefixcache.policies import EvictionPolicy, has_hook
 _EMPTY_FREED = np.empty(0, dtype=np.int32)
 
 
-class PythonEngine(PythonEvictionSteps, PythonPartitionSteps):
+class PythonEngine(PythonPinSteps, PythonEvictionSteps, PythonPartitionSteps):
     """Block state in numpy arrays and Python collaborators; drives any eviction policy.
 
     The readable reference of :class:`~prefixcache.engine.core.EngineCore`
@@ -90,7 +91,9 @@ class PythonEngine(PythonEvictionSteps, PythonPartitionSteps):
             self.refs.last_access,
             self.num_usable,
             self.leaf_args,
+            self.refs,
         )
+        self.pins = PinnedChains(self.registry, self.refs)
         self.registrar = Registrar(
             self.registry, self.refs, policy, self.retains_unreferenced, self._discard_leaves
         )
@@ -157,9 +160,9 @@ class PythonEngine(PythonEvictionSteps, PythonPartitionSteps):
     # ------------------------------------------------------------------ allocation
 
     def allocate(self, num_blocks: int) -> np.ndarray | None:
-        if num_blocks > self.pool.num_free + self.ledger.num_cached:
-            return None
         shortfall = num_blocks - self.pool.num_free
+        if shortfall > 0 and shortfall > self.num_evictable(shortfall):
+            return None
         if shortfall > 0:
             block_ids = self._allocate_evicting(num_blocks, shortfall)
         else:

@@ -67,8 +67,11 @@ class PythonEvictionSteps:
         self._clock = now
         self.refs.last_access[ids] = now
 
+    def num_evictable(self, num_blocks: int) -> int:
+        raise NotImplementedError  # the engine's
+
     def evict(self, num_blocks: int) -> int:
-        num_blocks = min(num_blocks, self.ledger.num_cached)
+        num_blocks = self.num_evictable(min(num_blocks, self.ledger.num_cached))
         if not num_blocks:
             return 0
         journal = self._journal()
@@ -76,6 +79,7 @@ class PythonEvictionSteps:
             freed, dropped = self.planner.plan(num_blocks, journal)
             self.pool.release(np.asarray(freed, dtype=np.int32))
         except BaseException:
+            self.planner.undo_hand_downs()
             journal.rollback()
             raise
         journal.commit()
@@ -121,6 +125,7 @@ class PythonEvictionSteps:
                     )
                 )
         except BaseException:
+            self.planner.undo_hand_downs()
             journal.rollback()
             raise
         journal.commit()

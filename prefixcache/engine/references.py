@@ -52,6 +52,13 @@ class ReferenceTable:
         self.last_access = np.zeros(size, dtype=np.int64)
         self.num_accesses = np.zeros(size, dtype=np.int64)  # a hot prefix passes 2**31
         self.pending = np.zeros(size, dtype=np.int32)
+        # Chain pins (engine/pins.py): pins on each tail, the pinned chains' ancestors (an
+        # upper bound on the cached blocks they keep), and per block the stamp and the
+        # accesses its pins (or its evicted descendants') still owe its ancestors.
+        self.pins = np.zeros(size, dtype=np.int32)
+        self.pin_bound = 0
+        self.pin_stamp = np.zeros(size, dtype=np.int64)
+        self.pin_pending = np.zeros(size, dtype=np.int64)
         self._pending_chunks: list[np.ndarray] = []
         self.group_depth = 0
 
@@ -107,8 +114,18 @@ class ReferenceTable:
 
     def clear(self) -> None:
         """Zero every count in place and drop queued releases."""
-        for array in (self.active, self.paused, self.last_access, self.num_accesses, self.pending):
+        for array in (
+            self.active,
+            self.paused,
+            self.last_access,
+            self.num_accesses,
+            self.pending,
+            self.pins,
+            self.pin_stamp,
+            self.pin_pending,
+        ):
             array[:] = 0
+        self.pin_bound = 0
         self._pending_chunks.clear()
 
 

@@ -194,6 +194,7 @@ class Registrar:
                 # A block's cache life starts here: allocation leaves these untouched.
                 self._refs.last_access[block_id] = clock
                 self._refs.num_accesses[block_id] = 1
+                self._refs.pin_stamp[block_id] = self._refs.pin_pending[block_id] = 0
         return np.asarray(holders) == ids, np.array(new_list, dtype=bool)
 
     def _register_fresh_chain(
@@ -207,6 +208,7 @@ class Registrar:
         self._registry.register_chain(ids, id_list, hashes, parent_id)
         self._refs.last_access[ids] = clock
         self._refs.num_accesses[ids] = 1
+        self._refs.pin_stamp[ids] = self._refs.pin_pending[ids] = 0
 
     def _is_tracked_leaf(self, block_id: int) -> bool:
         """Whether ``block_id`` is a cached leaf, i.e. tracked by the policy."""

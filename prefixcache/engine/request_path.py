@@ -30,6 +30,7 @@ import torch
 from prefixcache.engine.block_ids import BlockIdsLike
 from prefixcache.engine.core import fused_core
 from prefixcache.engine.facade_view import FacadeView
+from prefixcache.engine.pins import room_beside
 from prefixcache.errors import CapacityError, InvalidArgumentError, InvalidTensorError
 
 
@@ -157,14 +158,12 @@ class RequestPathMethods:
         needed = num_blocks - num_hit
         active, paused = engine.reference_counts(hit.astype(np.intp))
         cached_hits = len(np.unique(hit[(active + paused) == 0]))
-        if needed > engine.num_free + engine.num_cached - cached_hits:
+        room = room_beside(engine, needed, hit, cached_hits)
+        if needed > room:
             allocator._num_rejected = num_rejected
             if allocator._yield_hints(needed, hit):  # withdrew scheduler hints: room now
                 return self.admit_request(tokens, out_row)
-            raise CapacityError(
-                f"request needs {needed} blocks; "
-                f"{engine.num_free + engine.num_cached - cached_hits} can be freed"
-            )
+            raise CapacityError(f"request needs {needed} blocks; {room} can be freed")
         if allocator.enable_prefix_caching:
             engine.take_hit(hit, num_matchable, acquire=True)
         new_ids = allocator.allocate_memory_blocks(needed)

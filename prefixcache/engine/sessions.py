@@ -30,10 +30,12 @@ C++ (``engine/native/session.cpp``), one native call a step. This class stays
 the reference, and the path for the Python engine, events, routing and wide
 hashes (``tests/engine/test_sessions.py`` runs both against each other).
 
-What still costs O(context) per turn: the reference count of every context
-block is taken and dropped (``take_hit`` and the release walk the IDs in the
-engine, a few ns a block natively), and when the free blocks alone cannot
-hold the turn, the capacity check reads the context blocks' counts.
+A turn references only its hit chain's tail where the engine allows it (the
+chain pin, ``engine/pins.py``: ``pin_chain`` and ``release_pinned``); the
+ancestors stay cached, kept by the leaf rule. What still costs O(context) per
+turn: with ``auto`` or ref-zero (full references: ``take_hit`` and the release
+walk every context block), and when the free blocks and the pinned chains'
+bound cannot show room, the capacity check's exact count.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from prefixcache.engine.block_ids import to_int_array
 from prefixcache.engine.core import EngineCore, fused_core
 from prefixcache.engine.facade_view import FacadeView
 from prefixcache.engine.native_engine import native_module
+from prefixcache.engine.pins import room_beside
 from prefixcache.errors import BlockStateError, CapacityError, ConfigError, InvalidArgumentError
 
 __all__ = ["Session", "SessionHandle", "SessionMethods"]
@@ -182,6 +185,11 @@ class Session:
         self._num_held = 0  # blocks the running turn references (0: idle)
         self._key: tuple[int, int, int] | None = None  # structure key at the last release
         self._refused = False  # a registration of this turn was refused (hash held elsewhere)
+        self._pinned = 0  # the running turn's pinned chain length (0: full references)
+        # Pins where the engine allows them (a caching policy that reads no held counts and
+        # hears of no hit) and no collaborator watches (events and routing see releases).
+        engine_can_pin = bool(getattr(host._engine, "can_pin", False))
+        self._can_pin = engine_can_pin and not host._track_changes and host.enable_prefix_caching
         # The native engine's extension object when its chains are the facade's (xxh3_64
         # from the facade's root, salt included; ``fused``): its hash_tokens is then one C
         # call instead of a Python loop over the blocks.
@@ -224,7 +232,8 @@ class Session:
                 eviction. Nothing changes, the session included.
 
         Complexity: O(len(tokens)) hashing and matching, O(1) to check the
-        context, O(context blocks) reference updates in the engine.
+        context and pin its chain (O(context blocks) reference updates with
+        full references, and the row's copies in this Python object).
         """
         if self._num_held:
             raise BlockStateError("a turn of this session is running; release() it first")
@@ -253,14 +262,21 @@ class Session:
         num_blocks = -(-num_tokens // size)
         needed = num_blocks - num_hit
         if needed > engine.num_free:  # else no eviction: no need to count the cached hits
-            active, paused = engine.reference_counts(hit.astype(np.intp))
-            cached_hits = int(((active + paused) == 0).sum())  # a chain's blocks are distinct
-            room = engine.num_free + engine.num_cached - cached_hits
+            room = engine.num_free + engine.num_cached - num_hit  # at most: see room_beside
+            if needed > room - engine.pin_bound:
+                active, paused = engine.reference_counts(hit.astype(np.intp))
+                cached_hits = int(((active + paused) == 0).sum())  # a chain's are distinct
+                room = room_beside(engine, needed, hit, cached_hits)
             if needed > room:
                 if host._yield_hints(needed, hit):  # withdrew scheduler hints: room now
                     return self.admit(tokens)
                 raise CapacityError(f"the turn needs {needed} blocks; {room} can be freed")
-        if host.enable_prefix_caching:  # as admit_request: no lookup is counted without it
+        # The chain pin (engine/pins.py): one reference on the hit chain's tail stands for
+        # one on each of its blocks, where the engine allows it and nothing watches.
+        pinned = num_hit if num_hit > 1 and self._can_pin else 0
+        if pinned:
+            engine.pin_chain(hit, num_matchable)
+        elif host.enable_prefix_caching:  # as admit_request: no lookup is counted without it
             engine.take_hit(hit, num_matchable, acquire=True)
         new = self._allocate(needed)
         num_full = known + len(new_hashes)
@@ -281,6 +297,7 @@ class Session:
         self._num_tokens = num_tokens
         self._pending = prompt[len(new_hashes) * size :].copy()
         self._num_held = num_blocks
+        self._pinned = pinned
         return num_hit
 
     def append(self, tokens: Any) -> None:
@@ -305,7 +322,8 @@ class Session:
         pending = np.concatenate([self._pending, fresh])
         num_tokens = self._num_tokens + len(fresh)
         needed = -(-num_tokens // size) - self._num_held
-        short = needed > host._engine.num_free + host._engine.num_cached
+        engine = host._engine
+        short = needed > engine.num_free and needed > room_beside(engine, needed, _EMPTY, 0)
         if short and not host._yield_hints(needed):  # else scheduler hints made room
             raise CapacityError(f"the tokens need {needed} more blocks; the pool is short")
         parent = self._hashes[-1] if self._hashes else None
@@ -346,11 +364,14 @@ class Session:
         host = self._host
         before = host._structure_key()
         held = self._ids[: self._num_held]
-        if host._track_changes:
+        if self._pinned:  # the tail stands for its chain: release it and the turn's blocks
+            engine_ids = self._engine_ids(held[self._pinned - 1 :])
+            host._engine.release_pinned(engine_ids, self._pinned)
+        elif host._track_changes:
             host.release_memory_blocks(held)
         else:
             host._engine.release(self._engine_ids(held), paused=False)
-        self._num_held = 0
+        self._num_held = self._pinned = 0
         after = host._structure_key()
         # The next turn trusts the remembered blocks only if this release dropped none of
         # them (ref-zero drops every released hashed block) and every block carries its

@@ -40,11 +40,14 @@ def _python_engine_internals(allocator: KVBlockAllocator, policy: Any) -> dict[s
     the differential test of ``tests/native/`` compares them); a digest that
     saw only the seam could miss a half-applied call on the reference engine.
     """
-    refs = allocator._engine.refs  # type: ignore[attr-defined]
+    engine = allocator._engine
+    refs = engine.refs  # type: ignore[attr-defined]
     registry = allocator.registry
+    # What full references would have written: with what chain pins owe (engine/pins.py).
+    last_access, num_accesses = engine.pins.effective_access()  # type: ignore[attr-defined]
     return {
-        "last_access": refs.last_access.tolist(),
-        "num_accesses": refs.num_accesses.tolist(),
+        "last_access": last_access.tolist(),
+        "num_accesses": num_accesses.tolist(),
         "pending_releases": refs.pending.tolist(),
         "pending_chunks": [chunk.tolist() for chunk in refs._pending_chunks],
         "group_depth": refs.group_depth,

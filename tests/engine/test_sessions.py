@@ -13,6 +13,11 @@ and on the native engine both session objects: the extension's (what
 ``open_session`` returns on the fused path) and the Python reference
 :class:`~prefixcache.engine.sessions.Session`, also compared directly, step by
 step, error messages included.
+
+Turns pin their chain's tail where the engine allows it (lru, fifo, lfu, hazard; not
+ref_zero or auto): while a turn runs, its pinned ancestors are cached where the twin's
+are active, the one difference :func:`~prefixcache.testing.pinned.as_full_references`
+rewrites before the digests are compared (DESIGN.md, "Sessions", "The chain pin").
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from prefixcache.engine.locked import ThreadSafeAllocator
 from prefixcache.engine.native_engine import native_available
 from prefixcache.engine.sessions import Session, SessionHandle
 from prefixcache.testing import state_digest
+from prefixcache.testing.pinned import Twin, as_full_references
 
 BLOCK = 2
 ENGINES = ["python", "native"] if native_available() else ["python"]
@@ -63,56 +69,6 @@ def open_session(allocator: KVBlockAllocator, kind: str) -> SessionHandle:
     return session
 
 
-class Twin:
-    """A session's turns as new requests over the whole conversation (what it must equal)."""
-
-    def __init__(self, allocator: KVBlockAllocator) -> None:
-        self.allocator = allocator
-        self.tokens: list[int] = []
-        self.held: list[int] = []
-
-    @property
-    def running(self) -> bool:
-        return bool(self.held)
-
-    @property
-    def row(self) -> list[int]:
-        return self.held
-
-    def admit(self, tokens: list[int]) -> int:
-        prompt = self.tokens + tokens
-        row = np.zeros(-(-len(prompt) // BLOCK), dtype=np.int32)
-        num_hit = self.allocator.admit_request(prompt, row)
-        self.tokens, self.held = prompt, row.tolist()
-        return num_hit
-
-    def append(self, tokens: list[int]) -> None:
-        grown = self.tokens + tokens
-        needed = -(-len(grown) // BLOCK) - len(self.held)
-        new: list[int] = []
-        if needed:
-            ids = self.allocator.allocate_block_ids(needed)
-            if ids is None:
-                raise CapacityError("short")
-            new = list(ids)
-        held = self.held + new
-        before, after = len(self.tokens) // BLOCK, len(grown) // BLOCK
-        hashes = self.allocator.hash_tokens(grown)
-        # A parent hash gone (its registration refused, its holder evicted): none registered.
-        engine = self.allocator._engine
-        if after > before and (not before or engine.block_of(hashes[before - 1]) is not None):
-            self.allocator.register_kv_block_hashes(
-                held[before:after],
-                hashes[before:after],
-                parent_hash=hashes[before - 1] if before else None,
-            )
-        self.tokens, self.held = grown, held
-
-    def release(self) -> None:
-        self.allocator.release_request(self.held)
-        self.held = []
-
-
 def outcome(call: Any, messages: bool = False) -> object:
     try:
         return ("ok", call())
@@ -135,12 +91,16 @@ def run_program(
     sessions: list[Any],
     twins: list[Any],
     messages: bool = False,
+    tokens_of: st.SearchStrategy[list[int]] = tokens_st,
+    num_steps: int = 40,
+    steps: tuple[str, ...] = ("admit", "append", "release", "request", "evict", "defrag", "reset"),
 ) -> None:
     """A random program of turns, other requests, evictions, defragmentation and resets,
     run on both allocators: the same outcomes, rows and state after every step."""
-    for _ in range(data.draw(st.integers(1, 40), label="steps")):
+    tokens_st = tokens_of
+    for _ in range(data.draw(st.integers(1, num_steps), label="steps")):
         step = data.draw(
-            st.sampled_from(["admit", "append", "release", "request", "evict", "defrag", "reset"]),
+            st.sampled_from(steps),
             label="step",
         )
         index = data.draw(st.integers(0, 2), label="session")
@@ -176,12 +136,22 @@ def run_program(
         elif step == "reset" and not any(s.running for s in sessions):
             ours.reset()
             theirs.reset()
-        assert state_digest(ours) == state_digest(theirs), step
+        # Pinned chains' ancestors are cached where full references keep them active: the
+        # one stated difference (prefixcache.testing.pinned), rewritten before comparing.
+        assert as_full_references(state_digest(ours), ours) == as_full_references(
+            state_digest(theirs), theirs
+        ), step
         assert [s.num_tokens for s in sessions] == [
             len(t.tokens) if isinstance(t, Twin) else t.num_tokens for t in twins
         ]
         ours.check_invariants()
 
+
+POLICIES = ["lru", "fifo", "ref_zero", "auto", "lfu", "hazard"]
+"""Pins with lru, fifo, lfu and hazard (these two read the stamps and counts pins hand
+down); full references with ref_zero (nothing cached) and auto (hears of every hit)."""
+TOTALS = [7, 10, 14]
+"""Small pools: eviction with pinned sessions, the last resort when no leaf is left."""
 
 PROGRAMS = settings(
     max_examples=60,
@@ -193,28 +163,49 @@ PROGRAMS = settings(
 
 @pytest.mark.parametrize("kind", KINDS)
 @PROGRAMS
-@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero", "auto"]))
+@given(data=st.data(), policy=st.sampled_from(POLICIES), total=st.sampled_from(TOTALS))
 def test_a_session_turn_equals_a_new_request_over_the_whole_conversation(
-    kind: str, policy: str, data: st.DataObject
+    kind: str, policy: str, total: int, data: st.DataObject
 ) -> None:
     engine = "python" if kind == "python" else "native"
-    ours, theirs = build(engine, policy), build(engine, policy)
+    ours, theirs = build(engine, policy, total), build(engine, policy, total)
     sessions = [open_session(ours, kind) for _ in range(3)]
     run_program(data, ours, theirs, sessions, [Twin(theirs) for _ in range(3)])
 
 
 @pytest.mark.skipif(not native_available(), reason="the native engine is not built")
 @PROGRAMS
-@given(data=st.data(), policy=st.sampled_from(["lru", "fifo", "ref_zero", "auto"]))
+@given(data=st.data(), policy=st.sampled_from(POLICIES), total=st.sampled_from(TOTALS))
 def test_the_native_session_equals_the_python_session_step_by_step(
-    policy: str, data: st.DataObject
+    policy: str, total: int, data: st.DataObject
 ) -> None:
     """The extension's session against the reference on the same engine: the same
     outcomes (error messages included), rows, token counts and engine state."""
-    ours, theirs = build("native", policy), build("native", policy)
+    ours, theirs = build("native", policy, total), build("native", policy, total)
     natives = [open_session(ours, "native") for _ in range(3)]
     references = [open_session(theirs, "native+python-session") for _ in range(3)]
     run_program(data, ours, theirs, natives, references, messages=True)
+
+
+long_tokens_st = st.lists(st.integers(0, 40), min_size=1, max_size=6)
+"""Conversations that rarely meet: long pinned chains, evicted from their ends under pressure
+(the stamps and counts handed down), and the last resort when no leaf is left."""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@PROGRAMS
+@given(data=st.data(), policy=st.sampled_from(POLICIES), total=st.sampled_from([9, 12, 16]))
+def test_pinned_chains_under_eviction_pressure_equal_full_references(
+    kind: str, policy: str, total: int, data: st.DataObject
+) -> None:
+    engine = "python" if kind == "python" else "native"
+    ours, theirs = build(engine, policy, total), build(engine, policy, total)
+    sessions = [open_session(ours, kind) for _ in range(3)]
+    twins = [Twin(theirs) for _ in range(3)]
+    turns = ("admit", "admit", "append", "release", "release", "request", "evict", "defrag")
+    run_program(
+        data, ours, theirs, sessions, twins, tokens_of=long_tokens_st, steps=turns, num_steps=80
+    )
 
 
 def five_short_turns(session: Any) -> None:

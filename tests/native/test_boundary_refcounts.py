@@ -137,6 +137,11 @@ def test_every_engine_method_leaves_its_arguments_refcounts_as_they_were() -> No
         ("move", (ids, True)),
         ("lookup", (hashes,)),
         ("take_hit", (ids, 2, True)),
+        ("pin_chain", (ids, 2)),
+        ("release_pinned", (ids, 2)),
+        ("reclaimable", (ids,)),
+        ("num_evictable", (3,)),
+        ("pinned_tails", ()),
         ("register", (ids, hashes)),
         ("block_of", (11,)),
         ("hash_of", (2,)),
@@ -161,6 +166,7 @@ def test_every_engine_method_leaves_its_arguments_refcounts_as_they_were() -> No
     attributes = {"num_free", "num_active", "num_paused", "num_holding_paused", "num_cached"}
     attributes |= {"num_registered", "clock", "num_usable", "paused_count", "active_count"}
     attributes |= {"group_depth", "block_size", "root_hash", "retains_unreferenced"}
+    attributes |= {"can_pin", "pin_bound"}
     untested = {"reset", "open_group", "close_group", "set_retention", "has_retention"}
     assert methods - attributes - untested == {name for name, _ in calls}
     for name, args in calls:

@@ -43,6 +43,9 @@ Engine::Engine(int32_t total_count, int32_t paused_count, std::unique_ptr<Policy
       registration_(total_count, 0),
       last_access_(total_count, 0),
       num_accesses_(total_count, 0),
+      pins_(total_count, 0),
+      pin_stamp_(total_count, 0),
+      pin_pending_(total_count, 0),
       stamp_(total_count, 0),
       slot_(total_count, 0) {
   policy_ = std::move(policy);
@@ -103,8 +106,8 @@ void Engine::push_free(int32_t block_id) noexcept {
 // ------------------------------------------------------------------ allocation
 
 bool Engine::allocate(int64_t num_blocks, int32_t* out) {
-  if (num_blocks > num_free_ + num_cached_) return false;
   const int64_t shortfall = num_blocks - num_free_;
+  if (shortfall > 0 && shortfall > num_evictable(shortfall)) return false;
   int64_t filled = 0;
   if (shortfall > 0) {
     // Evicted blocks go straight to the caller, in the order that pushing them
@@ -347,7 +350,7 @@ void Engine::subtree(int32_t root_id, std::vector<int32_t>& order) {
 // ------------------------------------------------------------------ eviction
 
 int64_t Engine::evict(int64_t num_blocks) {
-  const int64_t count = std::min(num_blocks, num_cached_);
+  const int64_t count = num_evictable(std::min(num_blocks, num_cached_));
   if (count <= 0) return 0;
   std::vector<int32_t>& freed = scratch_;
   freed.clear();
@@ -369,6 +372,7 @@ void Engine::plan_eviction(int64_t num_blocks, std::vector<int32_t>& freed) {
     freed.push_back(block_id);
     const int32_t parent_id = parent_[block_id];
     deregister_leaf(block_id);
+    if (parent_id != kRoot && pin_pending_[block_id]) hand_down(block_id, parent_id);
     if (parent_id != kRoot && num_children_[parent_id] == 0 && is_unreferenced(parent_id)) {
       const LeafInfo leaf = leaf_info(parent_id);
       if (static_cast<int64_t>(freed.size()) < num_blocks &&
@@ -386,15 +390,27 @@ void Engine::plan_eviction(int64_t num_blocks, std::vector<int32_t>& freed) {
 int32_t Engine::drop_pinned_subtree() {
   // No cached leaf is left: the deepest cached block with children (pinned
   // below by a referenced descendant) goes with its subtree; among equals the
-  // least recently used, then the lowest ID. O(total_count), rare.
+  // least recently used, then the lowest ID. A pinned chain's ancestors are never
+  // taken (full references would hold them). O(total_count), rare.
+  const bool pinned = pin_bound_ > 0;
+  if (pinned) num_reserved(nullptr, 0);  // stamps the pinned chains' ancestors
+  const uint32_t kept = generation_;
+  bool owed = false;  // a pin owes some block its stamp: compare the stamps it gives
+  for (int32_t block_id = 0; block_id < num_usable_ && !owed; ++block_id) {
+    owed = pin_pending_[block_id] != 0;
+  }
   int32_t best = kRoot;
+  int64_t best_stamp = 0;
   for (int32_t block_id = 0; block_id < num_usable_; ++block_id) {
-    if (!is_registered(block_id) || !is_unreferenced(block_id) || num_children_[block_id] == 0) {
+    if (!is_registered(block_id) || !is_unreferenced(block_id) || num_children_[block_id] == 0 ||
+        (pinned && stamp_[block_id] == kept)) {
       continue;
     }
-    if (best == kRoot || depth_[block_id] > depth_[best] ||
-        (depth_[block_id] == depth_[best] && last_access_[block_id] < last_access_[best])) {
+    if (best != kRoot && depth_[block_id] < depth_[best]) continue;
+    const int64_t stamp = owed ? effective_stamp(block_id) : last_access_[block_id];
+    if (best == kRoot || depth_[block_id] > depth_[best] || stamp < best_stamp) {
       best = block_id;
+      best_stamp = stamp;
     }
   }
   if (best == kRoot) {
@@ -409,7 +425,10 @@ int32_t Engine::drop_pinned_subtree() {
     fail(ErrorKind::kInvariant, "the subtree of pinned block " + std::to_string(best) +
                                     " holds cached blocks below it");
   }
-  for (size_t i = 0; i + 1 < order.size(); ++i) deregister_leaf(order[i]);
+  for (size_t i = 0; i + 1 < order.size(); ++i) {
+    if (pin_pending_[order[i]]) hand_down(order[i], best);  // its pins owe best, then its parent
+    deregister_leaf(order[i]);
+  }
   return best;
 }
 

@@ -121,6 +121,22 @@ class Engine {
   /// Registered blocks ordered by (depth, registration order): parents first.
   std::vector<int32_t> registered_in_order() const;
 
+  // ---- chain pins (engine_pins.cpp; prefixcache/engine/pins.py is the reference)
+  /// Whether a session may pin its chain's tail instead of referencing each block.
+  bool can_pin() const noexcept { return policy_ && !policy_->uses_on_hit(); }
+  /// The pinned chains' ancestors counted with repeats: at least the cached blocks they keep.
+  int64_t pin_bound() const noexcept { return pin_bound_; }
+  /// take_hit(ids, count, num_queried, true) on a chain of count >= 2, referencing its last.
+  void pin_chain(const int32_t* ids, size_t count, int64_t num_queried);
+  /// Release ids (ids[0] a tail pinned with a chain of chain_length) and the pin.
+  void release_pinned(const int32_t* ids, size_t count, int64_t chain_length);
+  /// Free plus cached blocks less the cached ones among ids and those pinned chains keep.
+  int64_t reclaimable(const int32_t* ids, size_t count);
+  /// num_blocks (at most the cached blocks) less what pinned chains keep.
+  int64_t num_evictable(int64_t num_blocks);
+  /// (tail, pins) of every pinned tail, by ID.
+  std::vector<std::pair<int32_t, int32_t>> pinned_tails() const;
+
   // ---- fused request path
   /// Admit one request whose ``num_full`` block hashes are given; see module.cpp.
   int64_t admit(const int64_t* hashes, size_t num_full, size_t num_matchable,
@@ -176,6 +192,13 @@ class Engine {
   void flush_releases();
   void plan_eviction(int64_t num_blocks, std::vector<int32_t>& freed);
   int32_t drop_pinned_subtree();
+  // Chain pins: the cached blocks among ids and the pinned tails' ancestors (distinct);
+  // stamps the ancestors with the current generation_. O(count + pinned chains).
+  int64_t num_reserved(const int32_t* ids, size_t count);
+  /// Give parent_id what block_id's pins owe it: the stamp (max) and pending accesses (sum).
+  void hand_down(int32_t block_id, int32_t parent_id) noexcept;
+  /// The stamp full references would have written on block_id (with its descendants' pins).
+  int64_t effective_stamp(int32_t block_id);
   void subtree(int32_t root_id, std::vector<int32_t>& order);
   void deregister_leaf(int32_t block_id);
   void register_block(int32_t block_id, int64_t block_hash, int32_t parent_id);
@@ -235,6 +258,11 @@ class Engine {
   // Of registered blocks: clock of registration or last hit/touch; hand-outs since.
   std::vector<int64_t> last_access_;
   std::vector<int64_t> num_accesses_;  // hand-outs: a hot prefix passes 2**31 in days
+  // Chain pins: pins on each tail; per block the stamp and accesses its pins (or its evicted
+  // descendants') still owe its ancestors; the pinned chains' ancestors, with repeats.
+  std::vector<int32_t> pins_;
+  std::vector<int64_t> pin_stamp_, pin_pending_;
+  int64_t pin_bound_ = 0;
 
   int64_t num_active_ = 0, num_paused_ = 0, num_cached_ = 0;
   int64_t num_holding_paused_ = 0;  // blocks holding any paused reference (paused budget)

@@ -26,6 +26,10 @@ void EngineCheckpoint::copy_state(To& to, const From& from) {
   to.num_registrations_ = from.num_registrations_;
   to.last_access_ = from.last_access_;
   to.num_accesses_ = from.num_accesses_;
+  to.pins_ = from.pins_;
+  to.pin_stamp_ = from.pin_stamp_;
+  to.pin_pending_ = from.pin_pending_;
+  to.pin_bound_ = from.pin_bound_;
   to.num_active_ = from.num_active_;
   to.num_paused_ = from.num_paused_;
   to.num_cached_ = from.num_cached_;

@@ -44,6 +44,9 @@ class EngineCheckpoint {
   std::vector<int64_t> registration_;
   int64_t num_registrations_ = 0;
   std::vector<int64_t> last_access_, num_accesses_;
+  std::vector<int32_t> pins_;
+  std::vector<int64_t> pin_stamp_, pin_pending_;
+  int64_t pin_bound_ = 0;
   int64_t num_active_ = 0, num_paused_ = 0, num_cached_ = 0, num_holding_paused_ = 0;
   Counters counters_;
   std::vector<int32_t> changed_free_;

@@ -89,6 +89,9 @@ void Engine::relocate(const int32_t* sources, const int32_t* destinations, size_
     std::swap(registration_[source], registration_[destination]);
     std::swap(last_access_[source], last_access_[destination]);
     std::swap(num_accesses_[source], num_accesses_[destination]);
+    std::swap(pins_[source], pins_[destination]);
+    std::swap(pin_stamp_[source], pin_stamp_[destination]);
+    std::swap(pin_pending_[source], pin_pending_[destination]);
     if (hash_of_[destination] != 0) {
       index_.erase(hash_of_[destination]);
       index_.insert(hash_of_[destination], destination);

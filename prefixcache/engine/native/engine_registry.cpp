@@ -53,6 +53,7 @@ void Engine::register_block(int32_t block_id, int64_t block_hash, int32_t parent
   // A block's cache life starts here: allocation leaves these untouched.
   last_access_[block_id] = counters_.clock;
   num_accesses_[block_id] = 1;
+  pin_stamp_[block_id] = pin_pending_[block_id] = 0;
 }
 
 void Engine::deregister_leaf(int32_t block_id) {
@@ -210,10 +211,13 @@ int64_t Engine::admit(const int64_t* hashes, size_t num_full, size_t num_matchab
     }
     for (const int32_t block_id : unique_) cached_hits += is_unreferenced(block_id);
   }
-  if (needed > num_free_ + num_cached_ - cached_hits) {
+  int64_t room = num_free_ + num_cached_ - cached_hits;
+  if (pin_bound_ && needed > room - pin_bound_) {  // pinned chains keep their cached blocks
+    room = num_free_ + num_cached_ - num_reserved(unique_.data(), num_hit ? unique_.size() : 0);
+  }
+  if (needed > room) {
     fail(ErrorKind::kCapacity, "request needs " + std::to_string(needed) + " blocks; " +
-                                   std::to_string(num_free_ + num_cached_ - cached_hits) +
-                                   " can be freed");
+                                   std::to_string(room) + " can be freed");
   }
   if (num_hit) check_headroom(active_, "active");
   counters_.num_queried += static_cast<int64_t>(num_matchable);
@@ -261,6 +265,10 @@ void Engine::reset() {
   std::fill(pending_.begin(), pending_.end(), 0);
   std::fill(last_access_.begin(), last_access_.end(), 0);
   std::fill(num_accesses_.begin(), num_accesses_.end(), 0);
+  std::fill(pins_.begin(), pins_.end(), 0);
+  std::fill(pin_stamp_.begin(), pin_stamp_.end(), 0);
+  std::fill(pin_pending_.begin(), pin_pending_.end(), 0);
+  pin_bound_ = 0;
   pending_blocks_.clear();
   num_registrations_ = 0;
   changed_free_.clear();

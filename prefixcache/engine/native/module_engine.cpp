@@ -121,7 +121,8 @@ PyObject* engine_allocate(PyObject* py_self, PyObject* arg) {
     return native_raise(ErrorKind::kInvalidArgument,
                         "num_blocks must be an int >= 0 within signed 64 bits");
   }
-  if (count > engine.num_free() + engine.num_cached()) Py_RETURN_NONE;
+  const int64_t shortfall = count - engine.num_free();  // pinned chains keep their blocks
+  if (shortfall > 0 && shortfall > engine.num_evictable(shortfall)) Py_RETURN_NONE;
   int32_t* data = nullptr;
   PyObject* ids = native_new_block_ids(static_cast<Py_ssize_t>(count), &data);
   if (!ids) return nullptr;
@@ -306,6 +307,8 @@ PyGetSetDef g_getset[] = {
     {"root_hash", get_root_hash, nullptr, "Chain root of the fused path.", nullptr},
     {"retains_unreferenced", get_retains_unreferenced, nullptr, "False in ref-zero mode.",
      nullptr},
+    {"can_pin", engine_get_can_pin, nullptr, "Whether a session may pin its chain.", nullptr},
+    {"pin_bound", engine_get_pin_bound, nullptr, "Pinned chains' ancestors (a bound).", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -330,6 +333,16 @@ PyMethodDef g_methods[] = {
     {"take_hit", ENTER_FAST(engine_take_hit), METH_FASTCALL | METH_KEYWORDS,
      "take_hit(block_ids, num_queried, acquire)"},
     {"acquire", ENTER(engine_acquire), METH_O, "acquire(block_ids)"},
+    {"pin_chain", ENTER_FAST(engine_pin_chain), METH_FASTCALL | METH_KEYWORDS,
+     "pin_chain(block_ids, num_queried): take_hit referencing only the chain's tail"},
+    {"release_pinned", ENTER_FAST(engine_release_pinned), METH_FASTCALL | METH_KEYWORDS,
+     "release_pinned(block_ids, chain_length): release block_ids and the pin on block_ids[0]"},
+    {"reclaimable", ENTER(engine_reclaimable), METH_O,
+     "reclaimable(block_ids) -> free + cached less cached block_ids and pinned chains"},
+    {"num_evictable", ENTER(engine_num_evictable), METH_O,
+     "num_evictable(num_blocks) -> num_blocks less what pinned chains keep"},
+    {"pinned_tails", ENTER(engine_pinned_tails), METH_NOARGS,
+     "pinned_tails() -> [(tail, pins)] by ID"},
     {"register", ENTER_FAST(engine_register), METH_FASTCALL | METH_KEYWORDS,
      "register(block_ids, block_hashes, parent_hash=None) -> (holds, new) as bytes of 0/1"},
     {"block_of", ENTER(engine_block_of), METH_O, "block_of(block_hash) -> int | None"},

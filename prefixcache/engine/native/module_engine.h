@@ -107,6 +107,14 @@ PyObject* engine_describe_state(PyObject* py_self, PyObject* arg);
 // Prefix reuse (module_prefix.cpp).
 PyObject* engine_lookup(PyObject* py_self, PyObject* arg);
 FASTCALL(engine_take_hit);
+// module_pins.cpp
+FASTCALL(engine_pin_chain);
+FASTCALL(engine_release_pinned);
+PyObject* engine_reclaimable(PyObject* py_self, PyObject* arg);
+PyObject* engine_num_evictable(PyObject* py_self, PyObject* arg);
+PyObject* engine_pinned_tails(PyObject* py_self, PyObject*);
+PyObject* engine_get_can_pin(PyObject* py_self, void*);
+PyObject* engine_get_pin_bound(PyObject* py_self, void*);
 PyObject* engine_acquire(PyObject* py_self, PyObject* arg);
 FASTCALL(engine_register);
 PyObject* engine_block_of(PyObject* py_self, PyObject* arg);

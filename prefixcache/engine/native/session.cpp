@@ -101,18 +101,32 @@ int64_t SessionState::admit(Engine& engine, int64_t epoch, const int32_t* tokens
   }
   const int64_t needed = static_cast<int64_t>(num_blocks - num_hit);
   if (needed > engine.num_free()) {  // else no eviction: no need to count the cached hits
-    int64_t cached_hits = 0;
-    for (size_t i = 0; i < num_hit; ++i) {
-      cached_hits += engine.active_refs(hit[i]) == 0 && engine.paused_refs(hit[i]) == 0;
+    // At most the room (see room_beside in pins.py); the exact count only when pinned
+    // chains' lengths could make the difference.
+    int64_t room = engine.num_free() + engine.num_cached() - static_cast<int64_t>(num_hit);
+    if (needed > room - engine.pin_bound()) {
+      int64_t cached_hits = 0;
+      for (size_t i = 0; i < num_hit; ++i) {
+        cached_hits += engine.active_refs(hit[i]) == 0 && engine.paused_refs(hit[i]) == 0;
+      }
+      room = engine.num_free() + engine.num_cached() - cached_hits;
+      if (engine.pin_bound() && needed > room - engine.pin_bound()) {
+        room = engine.reclaimable(hit, num_hit);
+      }
     }
-    const int64_t room = engine.num_free() + engine.num_cached() - cached_hits;
     if (needed > room) {
       refuse(ErrorKind::kCapacity, "the turn needs " + std::to_string(needed) + " blocks; " +
                                        std::to_string(room) + " can be freed");
     }
   }
-  // The first write: take_hit checks (free blocks, reference headroom) before its own.
-  engine.take_hit(hit, num_hit, static_cast<int64_t>(num_matchable), true);
+  // The first write: take_hit checks (free blocks, reference headroom) before its own. The
+  // chain pin (engine_pins.cpp): the tail's reference stands for one on each hit block.
+  const size_t pinned = num_hit > 1 && engine.can_pin() ? num_hit : 0;
+  if (pinned) {
+    engine.pin_chain(hit, num_hit, static_cast<int64_t>(num_matchable));
+  } else {
+    engine.take_hit(hit, num_hit, static_cast<int64_t>(num_matchable), true);
+  }
   if (!intact) std::copy(hit, hit + num_hit, ids_.data());
   engine.allocate(needed, ids_.data() + num_hit);  // room was checked
   const size_t num_full = known + new_hashes_.size();
@@ -121,6 +135,7 @@ int64_t SessionState::admit(Engine& engine, int64_t epoch, const int32_t* tokens
   num_tokens_ = static_cast<int64_t>(num_tokens);
   pending_.assign(prompt + new_hashes_.size() * size, prompt + prompt_length);
   num_held_ = num_blocks;
+  pinned_ = pinned;
   return static_cast<int64_t>(num_hit);
 }
 
@@ -131,7 +146,13 @@ void SessionState::append(Engine& engine, const int32_t* tokens, size_t count) {
   const size_t pending_length = pending_.size() + count;
   const size_t num_tokens = static_cast<size_t>(num_tokens_) + count;
   const int64_t needed = static_cast<int64_t>((num_tokens + size - 1) / size - num_held_);
-  if (needed > engine.num_free() + engine.num_cached()) {
+  bool short_of_room = needed > engine.num_free();
+  if (short_of_room) {  // room_beside (pins.py): the bound, else the exact count
+    const int64_t room = engine.num_free() + engine.num_cached();
+    const int64_t bound = engine.pin_bound();
+    short_of_room = needed > (!bound || needed <= room - bound ? room : engine.reclaimable(nullptr, 0));
+  }
+  if (short_of_room) {
     refuse(ErrorKind::kCapacity,
            "the tokens need " + std::to_string(needed) + " more blocks; the pool is short");
   }
@@ -158,8 +179,13 @@ void SessionState::append(Engine& engine, const int32_t* tokens, size_t count) {
 void SessionState::release(Engine& engine, int64_t epoch) {
   if (!num_held_) refuse(ErrorKind::kBlockState, "no turn of this session is running");
   const StructureKey before = key_of(engine, epoch);
-  engine.release(ids_.data(), num_held_, false);  // checks the counts before it writes
-  num_held_ = 0;
+  if (pinned_) {  // the tail stands for its chain: release it and the turn's blocks
+    engine.release_pinned(ids_.data() + pinned_ - 1, num_held_ - pinned_ + 1,
+                          static_cast<int64_t>(pinned_));
+  } else {
+    engine.release(ids_.data(), num_held_, false);  // checks the counts before it writes
+  }
+  num_held_ = pinned_ = 0;
   const StructureKey after = key_of(engine, epoch);
   // The next turn trusts the remembered blocks only if this release dropped none of them
   // and every block carries its hash; otherwise it looks the chain up again.

@@ -84,6 +84,7 @@ class SessionState {
   std::vector<int32_t> pending_;  // tokens of the partial last block
   int64_t num_tokens_ = 0;
   size_t num_held_ = 0;  // blocks the running turn references (0: idle)
+  size_t pinned_ = 0;    // the running turn's pinned chain length (0: full references)
   bool has_key_ = false;  // key_ holds the structure key at the last release
   StructureKey key_;
   bool refused_ = false;  // a registration of this turn was refused (hash held elsewhere)

@@ -1,0 +1,197 @@
+"""The chain pin (issue 27): a session turn references its chain's tail, and nothing else
+observable changes but what DESIGN.md ("Sessions") states.
+
+Each test runs a session on one allocator and its :class:`~prefixcache.testing.pinned.Twin`
+(every turn a new request over the whole conversation, full references) on another, and
+compares the outcomes and :func:`~prefixcache.testing.pinned.as_full_references` digests:
+the capacity checks refuse and accept exactly where the twin's do, the last resort never
+takes a pinned chain's ancestor, and the stamps and counts handed down to a parent when its
+child is evicted give a policy that reads them (lfu, hazard) the twin's victims.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from prefixcache import CapacityError, KVBlockAllocator
+from prefixcache.engine.native_engine import native_available
+from prefixcache.engine.sessions import Session
+from prefixcache.testing import state_digest
+from prefixcache.testing.pinned import Twin, as_full_references
+
+BLOCK = 2
+KINDS = ["python", "native", "native+python-session"] if native_available() else ["python"]
+
+
+def pair(kind: str, policy: str = "lru", total: int = 16) -> tuple[Any, Any, Any, Twin]:
+    """Two allocators, a session on the first and its twin on the second."""
+    engine = "python" if kind == "python" else "native"
+    ours, theirs = (
+        KVBlockAllocator(
+            total_count=total,
+            block_size_tokens=BLOCK,
+            device="cpu",
+            engine=engine,
+            eviction_policy=policy,
+        )
+        for _ in range(2)
+    )
+    session = Session(ours) if kind == "native+python-session" else ours.open_session()
+    return ours, theirs, session, Twin(theirs)
+
+
+def same(ours: KVBlockAllocator, theirs: KVBlockAllocator) -> None:
+    assert as_full_references(state_digest(ours), ours) == as_full_references(
+        state_digest(theirs), theirs
+    )
+    ours.check_invariants()
+
+
+def turn(session: Any, twin: Twin, tokens: list[int]) -> int:
+    num_hit = session.admit(tokens)
+    assert num_hit == twin.admit(tokens)
+    assert session.block_ids.tolist() == twin.row
+    return int(num_hit)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("policy", ["lru", "lfu", "ref_zero", "auto"])
+def test_a_turn_references_only_its_chains_tail(kind: str, policy: str) -> None:
+    """Pinned where the policy allows (not ref-zero: nothing stays cached; not auto: it
+    hears of every hit); the ancestors stay cached, the counters are the twin's."""
+    ours, theirs, session, twin = pair(kind, policy)
+    turn(session, twin, list(range(10)))
+    session.release()
+    twin.release()
+    hits = turn(session, twin, [50])
+    tails = ours._engine.pinned_tails()
+    if policy in ("lru", "lfu"):
+        assert hits == 5 and tails == [(session.block_ids.tolist()[4], 1)]
+        active, _ = ours._engine.reference_counts(np.array(session.block_ids.tolist()[:4]))
+        assert active.tolist() == [0, 0, 0, 0]  # the ancestors: cached, kept by the leaf rule
+        assert ours.stats().num_cached == 4 and theirs.stats().num_cached == 0
+    else:
+        assert tails == []
+    same(ours, theirs)
+    session.release()
+    twin.release()
+    assert ours._engine.pinned_tails() == [] and ours._engine.pin_bound == 0
+    assert state_digest(ours) == state_digest(theirs)  # idle: no difference at all
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_capacity_checks_refuse_and_accept_as_full_references(kind: str) -> None:
+    """15 usable blocks: a pinned turn's 4 cached ancestors are not room, in allocate,
+    is_memory_available, admit_request, append, evict_cached_blocks and evict_lru_blocks alike."""
+    ours, theirs, session, twin = pair(kind)
+    turn(session, twin, list(range(10)))
+    session.release()
+    twin.release()
+    turn(session, twin, [50])  # 6 blocks held (4 of them pinned ancestors), 9 free (twin)
+    for allocator in (ours, theirs):
+        row = np.zeros(2, dtype=np.int32)
+        allocator.admit_request([70, 71, 72, 73], row)  # two cached leaves once released
+        allocator.release_request(row)
+    same(ours, theirs)
+    for allocator in (ours, theirs):
+        assert allocator.allocate_block_ids(10) is None  # 7 free + 2 leaves
+        assert not allocator.is_memory_available(10) and allocator.is_memory_available(9)
+        with pytest.raises(CapacityError, match="request needs 10 blocks; 9 can be freed"):
+            allocator.admit_request(list(range(100, 120)), np.zeros(10, dtype=np.int32))
+        assert not allocator.evict_lru_blocks(3)
+    same(ours, theirs)
+    with pytest.raises(CapacityError, match="the tokens need 10 more blocks; the pool is short"):
+        session.append(list(range(200, 220)))
+    with pytest.raises(CapacityError):
+        twin.append(list(range(200, 220)))
+    same(ours, theirs)
+    assert ours.evict_cached_blocks(5) == theirs.evict_cached_blocks(5) == 2
+    same(ours, theirs)
+    for allocator in (ours, theirs):
+        taken = allocator.allocate_block_ids(9)
+        assert taken is not None
+        allocator.release_request(taken)
+    same(ours, theirs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_last_resort_never_takes_a_pinned_chains_ancestor(kind: str) -> None:
+    """No cached leaf left: the engine drops the deepest cached block pinned below by a
+    held descendant with its subtree, but never a pinned chain's ancestor, however deep."""
+    ours, theirs, session, twin = pair(kind, total=20)
+    turn(session, twin, list(range(12)))
+    session.release()
+    twin.release()
+    turn(session, twin, [50])  # ancestors at depths 0-4, cached and pinned below
+    for allocator in (ours, theirs):
+        row = np.zeros(3, dtype=np.int32)
+        allocator.admit_request([80, 81, 82, 83, 84, 85], row)
+        allocator.release_request(row[:2])  # its first two blocks cached, pinned below
+        taken = allocator.allocate_block_ids(allocator.stats().num_free)
+        assert taken is not None
+    same(ours, theirs)
+    for allocator in (ours, theirs):
+        assert allocator.allocate_block_ids(1) is not None  # the last resort: depth 1 of row
+        assert allocator.allocate_block_ids(1) is not None  # then its root
+        assert allocator.allocate_block_ids(1) is None  # only pinned ancestors are cached
+    same(ours, theirs)
+    session.release()
+    twin.release()
+    same(ours, theirs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("policy", ["lfu", "hazard", "lru", "s3fifo"])
+def test_handed_down_stamps_and_counts_give_the_twins_victims(kind: str, policy: str) -> None:
+    """Policies read a block's last access and hand-outs when it becomes a leaf: a chain
+    pinned over several turns, then eaten from its end, gives the twin's victims."""
+    ours, theirs, session, twin = pair(kind, policy, total=40)
+    turn(session, twin, list(range(8)))
+    session.release()
+    twin.release()
+    for step in range(4):  # each turn pins the chain and grows it by a block
+        for allocator in (ours, theirs):  # a competing chain, hit between the turns
+            row = np.zeros(3, dtype=np.int32)
+            allocator.admit_request([90, 91, 92, 93, 94, 95 + step], row)
+            allocator.release_request(row)
+        turn(session, twin, [20 + 2 * step, 21 + 2 * step])
+        session.append([60 + step])
+        twin.append([60 + step])
+        session.release()
+        twin.release()
+        same(ours, theirs)
+    while ours.stats().num_cached:
+        assert ours.evict_cached_blocks(1) == theirs.evict_cached_blocks(1) == 1
+        same(ours, theirs)
+    assert theirs.stats().num_cached == 0
+
+
+def test_a_failed_eviction_undoes_its_hand_downs(flaky: Any, injected_fault: Any) -> None:
+    """The Python planner writes a hand-down as it plans (the policy reads it at once);
+    a policy that raises afterwards leaves the stamps and counts as they were."""
+    policy, allocator = flaky(total_count=16)
+    session = allocator.open_session()
+    session.admit(list(range(8)))
+    session.release()
+    session.admit([50])  # pins the 4-block chain: its tail owes the ancestors a turn
+    row = session.block_ids.tolist()
+    tail = row[3]
+    session.release()
+    refs = allocator._engine.refs
+    assert refs.pin_pending[tail] == 1 and refs.pin_stamp[tail] == refs.last_access[tail]
+    before = state_digest(allocator)
+    policy.fail_at["insert"] = 1  # the parent's insert, right after the hand-down
+    with pytest.raises(injected_fault):
+        allocator.evict_cached_blocks(1)
+    assert state_digest(allocator) == before
+    parent_stamp = int(refs.last_access[row[2]])
+    policy.fail_at.clear()
+    assert allocator.evict_cached_blocks(1) == 1
+    parent, _, last_access, num_accesses, _ = policy.insert_args[-1]
+    assert parent == row[2]
+    assert last_access == int(refs.pin_stamp[tail]) > parent_stamp
+    assert num_accesses == 2  # registration, then the pinned turn handed down
+    assert refs.pin_pending[parent] == 1  # owed further up when the parent goes
