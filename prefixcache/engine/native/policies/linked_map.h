@@ -28,7 +28,9 @@ namespace prefixcache {
 template <typename V>
 class LinkedMap {
  public:
-  explicit LinkedMap(size_t expected = 16) {
+  /// Room for ``expected`` entries, allocated and touched now: a bounded map fills up to
+  /// its bound without reallocating or faulting pages in on the way.
+  explicit LinkedMap(size_t expected = 16) : entries_(expected) {
     size_t capacity = 16;
     while (capacity < 2 * expected) capacity <<= 1;
     reset_index(capacity);
@@ -123,8 +125,7 @@ class LinkedMap {
 
   void clear() noexcept {
     for (Slot& slot : slots_) slot = Slot{0, kNone};
-    entries_.clear();
-    size_ = 0;
+    size_ = used_ = 0;
     first_ = last_ = free_ = kNone;
   }
 
@@ -180,16 +181,16 @@ class LinkedMap {
       slot = find(key).slot;
     }
     int32_t entry;
-    if (free_ == kNone) {
-      entry = static_cast<int32_t>(entries_.size());
-      entries_.push_back(Entry{key, kNone, kNone, std::move(value)});
-    } else {
+    if (free_ != kNone) {
       entry = free_;
       free_ = entries_[entry].next;
-      Entry& e = entries_[entry];
-      e.key = key;
-      e.value = std::move(value);
+    } else {
+      entry = static_cast<int32_t>(used_++);
+      if (used_ > entries_.size()) entries_.resize(2 * used_);
     }
+    Entry& e = entries_[entry];
+    e.key = key;
+    e.value = std::move(value);
     link_last(entry);
     slots_[slot] = Slot{tag_of(key), entry};
     ++size_;
@@ -255,10 +256,11 @@ class LinkedMap {
   }
 
   std::vector<Slot> slots_;
-  std::vector<Entry> entries_;
+  std::vector<Entry> entries_;  // entries_[used_:] unused since construction or clear()
   size_t mask_ = 0;
   unsigned tag_shift_ = 28;
-  size_t size_ = 0;
+  size_t size_ = 0;  // entries in the map
+  size_t used_ = 0;  // entries_ ever used since construction or clear()
   int32_t first_ = kNone, last_ = kNone, free_ = kNone;
 };
 

@@ -55,6 +55,8 @@ class UseHistory {
     stay.live = false;
     if (capacity_ <= 0) return;
     const int64_t uses = stay.earlier + stay.num_accesses;
+    // Two independent index misses: the pop's, loaded while the put probes.
+    if (static_cast<int64_t>(history_.size()) >= capacity_) history_.prefetch_oldest();
     if (refresh) {
       history_.put_newest(stay.block_hash, uses);  // erase, then put
     } else {
