@@ -71,6 +71,8 @@ class ArcPolicy final : public CopyablePolicy<ArcPolicy> {
     stay.live = false;
     if (ghost_capacity_ > 0) {
       LinkedMap<char>& ghosts = from_t1 ? b1_ : b2_;
+      // Two independent index misses: the pop's, loaded while put() probes.
+      if (static_cast<int64_t>(ghosts.size()) >= ghost_capacity_) ghosts.prefetch_oldest();
       ghosts.put(stay.block_hash, 0);
       if (static_cast<int64_t>(ghosts.size()) > ghost_capacity_) ghosts.pop_oldest();
     }
@@ -102,6 +104,8 @@ class ArcPolicy final : public CopyablePolicy<ArcPolicy> {
 
   // Adapt p if ``block_hash`` is a ghost and drop it from its list; whether it was one.
   bool ghost_hit(int64_t block_hash) {
+    b1_.prefetch(block_hash);  // both lists' misses at once, not one after the other
+    b2_.prefetch(block_hash);
     const double scale = static_cast<double>(std::max<size_t>(size(), 1));
     if (b1_.contains(block_hash)) {
       const double step =

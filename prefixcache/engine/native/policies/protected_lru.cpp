@@ -30,7 +30,7 @@ class ProtectedLruPolicy final : public CopyablePolicy<ProtectedLruPolicy> {
   }
 
   void on_register(const int64_t* hashes, size_t count, int64_t) override {
-    for (size_t i = 0; i < count; ++i) uses_.refresh(hashes[i]);
+    uses_.refresh_all(hashes, count);
   }
 
   void discard(int32_t block_id) override { class_of(block_id).remove(block_id); }

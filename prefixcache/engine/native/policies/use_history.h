@@ -8,6 +8,7 @@
 #define PREFIXCACHE_ENGINE_NATIVE_POLICIES_USE_HISTORY_H_
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -38,9 +39,8 @@ class UseHistory {
     int64_t earlier = stay.earlier;
     if (!stay.live || stay.block_hash != leaf.block_hash ||
         stay.num_accesses > leaf.num_accesses) {
-      const int64_t* uses = history_.get(leaf.block_hash);
-      earlier = uses ? *uses : 0;
-      history_.erase(leaf.block_hash);
+      earlier = 0;
+      history_.take(leaf.block_hash, &earlier);  // one probe: get, then erase
     }
     stay = Stay{true, leaf.block_hash, leaf.num_accesses, earlier};
     return stay;
@@ -54,18 +54,29 @@ class UseHistory {
     Stay& stay = stays_[block_id];
     stay.live = false;
     if (capacity_ <= 0) return;
-    if (refresh) history_.erase(stay.block_hash);
-    history_.put(stay.block_hash, stay.earlier + stay.num_accesses);
+    const int64_t uses = stay.earlier + stay.num_accesses;
+    // Two independent index misses: the pop's, loaded while the put probes.
+    if (static_cast<int64_t>(history_.size()) >= capacity_) history_.prefetch_oldest();
+    if (refresh) {
+      history_.put_newest(stay.block_hash, uses);  // erase, then put
+    } else {
+      history_.put(stay.block_hash, uses);
+    }
     if (static_cast<int64_t>(history_.size()) > capacity_) history_.pop_oldest();
   }
 
   /// Move a remembered hash to the recent end (its prefix was registered again).
-  void refresh(int64_t block_hash) {
-    const int64_t* uses = history_.get(block_hash);
-    if (!uses) return;
-    const int64_t kept = *uses;
-    history_.erase(block_hash);
-    history_.put(block_hash, kept);
+  void refresh(int64_t block_hash) noexcept { history_.move_to_newest(block_hash); }
+
+  /// refresh() for ``count`` hashes in order, their index slots loaded ahead (a chain's
+  /// registration: the lookups are independent misses, so they overlap).
+  void refresh_all(const int64_t* hashes, size_t count) noexcept {
+    constexpr size_t kAhead = 8;
+    for (size_t i = 0; i < std::min(count, kAhead); ++i) history_.prefetch(hashes[i]);
+    for (size_t i = 0; i < count; ++i) {
+      if (i + kAhead < count) history_.prefetch(hashes[i + kAhead]);
+      history_.move_to_newest(hashes[i]);
+    }
   }
 
   void clear() {
