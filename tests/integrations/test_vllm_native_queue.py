@@ -101,6 +101,16 @@ def test_a_queue_in_a_reference_cycle_is_collected() -> None:
     assert gone() is None
 
 
+def give_queue(pool: Any) -> tuple[list[Block], Any]:
+    """Four free blocks with hashes (ID ``i``: ``bytes([i + 1]) * 12``) in a native lru
+    queue set as ``pool.free_block_queue``; the blocks and the queue."""
+    blocks = [Block(i, bytes([i + 1]) * 12) for i in range(4)]
+    for block in blocks:
+        block.ref_cnt = 0  # type: ignore[attr-defined]
+    pool.free_block_queue = native_queue(blocks, "lru", {}, on_register=False)
+    return blocks, pool.free_block_queue
+
+
 def test_the_hash_removal_hook_does_the_wrappers_work_in_c() -> None:
     calls: list[str] = []
 
@@ -120,11 +130,7 @@ def test_the_hash_removal_hook_does_the_wrappers_work_in_c() -> None:
         )
 
     pool = Pool()
-    blocks = [Block(i, bytes([i + 1]) * 12) for i in range(4)]
-    for block in blocks:
-        block.ref_cnt = 0  # type: ignore[attr-defined]
-    pool.free_block_queue = native_queue(blocks, "lru", {}, on_register=False)  # type: ignore[attr-defined]
-    queue = pool.free_block_queue  # type: ignore[attr-defined]
+    blocks, queue = give_queue(pool)
     taken = queue.popleft_n(2)
     queue.note_registered(taken, 0, 2)
     queue.append_n(taken[::-1])  # 1 is a free leaf, 0 its free inner parent
@@ -165,11 +171,7 @@ def test_the_touch_and_register_hooks_do_the_wrappers_work_in_c() -> None:
         cache_full_blocks = hook("cache_full_blocks", cache, fallback)
 
     pool = Pool()
-    blocks = [Block(i, bytes([i + 1]) * 12) for i in range(4)]
-    for block in blocks:
-        block.ref_cnt = 0  # type: ignore[attr-defined]
-    pool.free_block_queue = native_queue(blocks, "lru", {}, on_register=False)  # type: ignore[attr-defined]
-    queue = pool.free_block_queue  # type: ignore[attr-defined]
+    _, queue = give_queue(pool)
     taken = queue.popleft_n(2)
     pool.cache_full_blocks(None, taken, 0, 2, 16, 0)  # 0 is 1's parent now
     queue.append_n(taken)  # 0 freed first, but inner: 1, its child, goes before it
