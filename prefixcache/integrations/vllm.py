@@ -38,9 +38,9 @@ call per vLLM call, the same blocks handed out), unless the extension is not bui
 ``PREFIXCACHE_ENGINE=python``; then a policy that builds a plain ``LRUPolicy`` gets
 :mod:`prefixcache.integrations.vllm_lru`'s queue (the same order kept inline), and any
 other policy, or a policy class or factory, runs its Python object in the Python queue.
-``_remove_cached_block_hashes``, which vLLM calls per block, is wrapped by a C method
-descriptor (``_native.HashRemovalHook``) that does the wrapper's work in C for the native
-queue.
+``touch``, ``cache_full_blocks`` and ``_remove_cached_block_hashes`` (which vLLM calls per
+block) are wrapped by C method descriptors (``_native.BlockPoolHook``) that do the
+wrapper's work in C for the native queue, counting the metrics there until they are read.
 
 Costs: ``append``/``remove``/``popleft`` O(1) plus the policy's O(log n); the views
 vLLM's tests read (``fake_free_list_head``, ``get_all_free_blocks``) replay the order on a
@@ -53,18 +53,23 @@ import importlib
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from prefixcache import policies
-from prefixcache.engine.native_engine import native_available, native_module
 from prefixcache.engine.version import installed_version
 from prefixcache.errors import ConfigError
 from prefixcache.integrations import vllm_metrics
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
 from prefixcache.integrations.vllm_native_queue import native_queue, native_queue_spec
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue, policy_hash
+from prefixcache.integrations.vllm_wrappers import (
+    _MARK,
+    _WRAPPERS,
+    _wrap_schedule,
+    _wrap_scheduler_init,
+)
 from prefixcache.policies import EvictionPolicy, UnknownPolicyError
 
 __all__ = [
@@ -102,7 +107,6 @@ _REFUSED = {
     "belady": "it is the offline optimum and needs the future; use it in trace replay",
     "ref_zero": "keeping nothing unreferenced is vLLM's --no-enable-prefix-caching",
 }
-_MARK = "__prefixcache_original__"  # on a wrapper: the vLLM function it wraps
 
 
 # ====================================================================== installing
@@ -184,8 +188,13 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
         current = pool_class.__dict__[method]
         if not hasattr(current, _MARK):
             _patch(pool_class, method, wrap(current))
-    if scheduler is not None and not hasattr(scheduler.Scheduler.__init__, _MARK):
-        _patch(scheduler.Scheduler, "__init__", _wrap_scheduler_init(scheduler.Scheduler.__init__))
+    if scheduler is not None:
+        sched = scheduler.Scheduler
+        if not hasattr(sched.__init__, _MARK):
+            _patch(sched, "__init__", _wrap_scheduler_init(sched.__init__))
+        step = sched.__dict__.get("schedule")  # the metrics' flush point, once per step
+        if step is not None and not hasattr(step, _MARK):
+            _patch(sched, "schedule", _wrap_schedule(step))
     vllm_metrics.metrics()  # the families exist (and a name clash is logged) from now on
     # One line at start-up says what runs: a user reading vLLM's log sees the policy.
     _LOG.info(
@@ -313,130 +322,3 @@ def _patch(owner: Any, name: str, value: Any) -> None:
     _patches[:] = [p for p in _patches if not (p.owner is owner and p.name == name)]
     _patches.append(_Patch(owner, name, getattr(owner, name)))
     setattr(owner, name, value)
-
-
-# ---------------------------------------------------------------- BlockPool wrappers
-
-
-def _queue(pool: Any) -> PolicyFreeBlockQueue | None:
-    queue = pool.free_block_queue
-    return queue if isinstance(queue, PolicyFreeBlockQueue) else None
-
-
-def _wrap_touch(original: Callable[..., Any]) -> Callable[..., Any]:
-    def touch(self: Any, blocks: Sequence[Any]) -> None:
-        blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
-        queue = _queue(self)
-        free = queue.num_free_blocks if queue is not None else 0
-        original(self, blocks)
-        if queue is not None:
-            queue.note_hits(blocks)
-            counts = getattr(queue, vllm_metrics.COUNTS, None)
-            if counts is not None:  # the blocks taken out of the free queue: policy hits
-                counts.hits += free - queue.num_free_blocks
-                counts.evictions += queue.take_evictions()
-                counts.flush()
-
-    setattr(touch, _MARK, original)
-    return touch
-
-
-def _wrap_cache_full_blocks(original: Callable[..., Any]) -> Callable[..., Any]:
-    def cache_full_blocks(
-        self: Any,
-        request: Any,
-        blocks: list[Any],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        kv_cache_group_id: int,
-        block_mask: list[bool] | None = None,
-    ) -> None:
-        original(
-            self,
-            request,
-            blocks,
-            num_cached_blocks,
-            num_full_blocks,
-            block_size,
-            kv_cache_group_id,
-            block_mask=block_mask,
-        )
-        queue = _queue(self)
-        if queue is not None:
-            queue.note_registered(blocks, num_cached_blocks, num_full_blocks)
-            counts = getattr(queue, vllm_metrics.COUNTS, None)
-            if counts is not None:  # the step's evictions (get_new_blocks came before)
-                counts.evictions += queue.take_evictions()
-                counts.flush()
-
-    setattr(cache_full_blocks, _MARK, original)
-    return cache_full_blocks
-
-
-def _wrap_remove_hashes(original: Callable[..., Any]) -> Callable[..., Any]:
-    def _remove_cached_block_hashes(self: Any, block: Any) -> Any:
-        removed = original(self, block)
-        queue = self.free_block_queue
-        if isinstance(queue, PolicyFreeBlockQueue):
-            if queue.knows(block.block_id):
-                queue.note_hash_removed(block)
-            elif removed and block.ref_cnt == 0:
-                # A victim: get_new_blocks drops the hash of a cached block popleft_n
-                # handed out (and forgot) before counting it in use.
-                counts = getattr(queue, vllm_metrics.COUNTS, None)
-                if counts is not None:
-                    counts.evictions += 1
-        return removed
-
-    setattr(_remove_cached_block_hashes, _MARK, original)
-    if native_available():  # vLLM calls it per block: for the native queue, the work in C
-        hook: Callable[..., Any] = native_module().HashRemovalHook(
-            original, _remove_cached_block_hashes
-        )
-        return hook
-    return _remove_cached_block_hashes
-
-
-def _wrap_move(original: Callable[..., Any]) -> Callable[..., Any]:
-    def move_block_hashes(self: Any, src_block: Any, dst_block: Any) -> None:
-        queue = _queue(self)
-        if queue is not None:
-            queue.note_moved(src_block, dst_block)
-        original(self, src_block, dst_block)
-
-    setattr(move_block_hashes, _MARK, original)
-    return move_block_hashes
-
-
-def _wrap_reset(original: Callable[..., Any]) -> Callable[..., Any]:
-    def reset_prefix_cache(self: Any) -> bool:
-        done = bool(original(self))
-        queue = _queue(self)
-        if done and queue is not None:
-            queue.note_reset()
-        return done
-
-    setattr(reset_prefix_cache, _MARK, original)
-    return reset_prefix_cache
-
-
-def _wrap_scheduler_init(original: Callable[..., Any]) -> Callable[..., Any]:
-    """vLLM's scheduler builds its block pools: they get its model and engine labels."""
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        config = kwargs["vllm_config"] if "vllm_config" in kwargs else (args or (None,))[0]
-        with vllm_metrics.labelled(config):
-            original(self, *args, **kwargs)
-
-    setattr(__init__, _MARK, original)
-    return __init__
-
-
-_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
-    "touch": _wrap_touch,
-    "cache_full_blocks": _wrap_cache_full_blocks,
-    "_remove_cached_block_hashes": _wrap_remove_hashes,
-    "move_block_hashes": _wrap_move,
-    "reset_prefix_cache": _wrap_reset,
-}

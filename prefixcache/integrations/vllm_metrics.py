@@ -37,7 +37,10 @@ engine core keeps them to itself.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -50,6 +53,7 @@ __all__ = [
     "LABELS",
     "PluginMetrics",
     "PoolCounts",
+    "flush_all",
     "labelled",
     "metrics",
     "track",
@@ -82,6 +86,9 @@ class PluginMetrics:
         import prometheus_client as client
 
         registry = client.REGISTRY if registry is None else registry
+        # First in the registry: a read of it (a scrape, get_sample_value) adds the counts
+        # waiting in the queues before the counters below are read.
+        registry.register(_Flusher())
         self.info = client.Gauge(
             INFO,
             "Eviction policy of prefixcache's vLLM plugin: 1 per policy a block pool got",
@@ -108,33 +115,71 @@ class PluginMetrics:
         The counts wait in a :class:`PoolCounts` on the queue (attribute :data:`COUNTS`)."""
         labels = (*_engine_labels, policy)
         self.info.labels(*labels, runs, installed_version()).set(1)
-        counts = PoolCounts(self.hits.labels(*labels), self.evictions.labels(*labels))
+        counts = PoolCounts(self.hits.labels(*labels), self.evictions.labels(*labels), queue)
         setattr(queue, COUNTS, counts)
+        _tracked.add(counts)
+
+
+class _Flusher:
+    """A collector that yields nothing: collecting it runs :func:`flush_all`."""
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        flush_all()
+        return []
 
 
 class PoolCounts:
     """A tracked queue's hits and evictions not yet added to its Prometheus counters.
 
-    The plugin's wrappers add plain ints here on vLLM's hot path (a Prometheus ``inc``
-    takes a lock, and writes a file in multiprocess mode) and :meth:`flush` them when
-    ``touch`` or ``cache_full_blocks`` returns: within the scheduler step.
+    The Python queues' wrappers add plain ints here on vLLM's hot path (a Prometheus
+    ``inc`` takes a lock, and writes a file in multiprocess mode) and :meth:`flush` them
+    when ``touch`` or ``cache_full_blocks`` returns. The native queue's counts wait in C
+    (``_native.BlockPoolHook`` counts them, ``take_counts()`` hands them over) until
+    :func:`flush_all`: on each read of the registry, after each scheduler step, at exit,
+    and when the queue is collected.
     """
 
-    __slots__ = ("_evicted", "_hit", "evictions", "hits")
+    __slots__ = ("__weakref__", "_evicted", "_hit", "_take", "evictions", "hits")
 
-    def __init__(self, hit: Any, evicted: Any) -> None:
+    def __init__(self, hit: Any, evicted: Any, queue: Any = None) -> None:
         self.hits = 0
         self.evictions = 0
         self._hit, self._evicted = hit, evicted
+        self._take = getattr(queue, "take_counts", None)  # the native queue's C counts
 
     def flush(self) -> None:
         """Add the waiting counts to the counters. O(1)."""
+        if self._take is not None:
+            hits, evictions = self._take()
+            self.hits += hits
+            self.evictions += evictions
         if self.hits:
             self._hit.inc(self.hits)
             self.hits = 0
         if self.evictions:
             self._evicted.inc(self.evictions)
             self.evictions = 0
+
+    def __del__(self) -> None:
+        # Collected with its queue (they reference each other): nothing counted is lost.
+        # At interpreter shutdown or with a queue half torn down there is nothing to add.
+        with contextlib.suppress(Exception):
+            self.flush()
+
+
+_tracked: weakref.WeakSet[PoolCounts] = weakref.WeakSet()
+
+
+def flush_all() -> None:
+    """Add every live queue's waiting counts to its counters. O(pools)."""
+    for counts in list(_tracked):
+        counts.flush()
+
+
+atexit.register(flush_all)
 
 
 _metrics: PluginMetrics | None = None

@@ -63,8 +63,13 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[CollectorRegistry]:
     plugin.uninstall()
 
 
+@pytest.mark.parametrize("engine", ["python", "auto"])
 @pytest.mark.parametrize("policy", ["lru", "s3fifo", "auto"])
-def test_the_counters_are_what_vllms_pool_did(registry: CollectorRegistry, policy: str) -> None:
+def test_the_counters_are_what_vllms_pool_did(
+    registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch, policy: str, engine: str
+) -> None:
+    """Both queues; the native one's counts wait in C until the registry is read."""
+    monkeypatch.setenv("PREFIXCACHE_ENGINE", engine)
     plugin.install(policy)
     pool = block_pool.BlockPool(16, True, 16)
     seen = {"evicted": 0, "kept": 0}
@@ -108,13 +113,16 @@ def test_the_scheduler_wrapper_fits_vllms_scheduler() -> None:
     assert scheduler.__dict__["__init__"] is original
 
 
+@pytest.mark.parametrize("engine", ["python", "auto"])
 def test_an_engine_process_shows_its_counters_on_vllms_metrics_registry(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
     """vLLM's engine core is a process of its own: with PROMETHEUS_MULTIPROC_DIR set, what
-    the plugin counts there is on the API server's ``/metrics``."""
+    the plugin counts there is on the API server's ``/metrics`` (the native queue's counts
+    flushed at the latest when the process exits: this one runs no scheduler)."""
     env = {
         **os.environ,
+        "PREFIXCACHE_ENGINE": engine,
         "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }

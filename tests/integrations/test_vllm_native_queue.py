@@ -17,7 +17,7 @@ import pytest
 
 from prefixcache import policies
 from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available, native_module
-from prefixcache.errors import InvalidBlockIdError
+from prefixcache.errors import InvalidArgumentError, InvalidBlockIdError
 from prefixcache.integrations.vllm_native_queue import native_queue
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue
 from prefixcache.testing.vllm_queue_driver import Block, ids, queue_run
@@ -101,6 +101,16 @@ def test_a_queue_in_a_reference_cycle_is_collected() -> None:
     assert gone() is None
 
 
+def give_queue(pool: Any) -> tuple[list[Block], Any]:
+    """Four free blocks with hashes (ID ``i``: ``bytes([i + 1]) * 12``) in a native lru
+    queue set as ``pool.free_block_queue``; the blocks and the queue."""
+    blocks = [Block(i, bytes([i + 1]) * 12) for i in range(4)]
+    for block in blocks:
+        block.ref_cnt = 0  # type: ignore[attr-defined]
+    pool.free_block_queue = native_queue(blocks, "lru", {}, on_register=False)
+    return blocks, pool.free_block_queue
+
+
 def test_the_hash_removal_hook_does_the_wrappers_work_in_c() -> None:
     calls: list[str] = []
 
@@ -115,14 +125,12 @@ def test_the_hash_removal_hook_does_the_wrappers_work_in_c() -> None:
         return original(pool, block)
 
     class Pool:
-        remove_hashes = native_module().HashRemovalHook(original, fallback)
+        remove_hashes = native_module().BlockPoolHook(
+            "_remove_cached_block_hashes", original, fallback
+        )
 
     pool = Pool()
-    blocks = [Block(i, bytes([i + 1]) * 12) for i in range(4)]
-    for block in blocks:
-        block.ref_cnt = 0  # type: ignore[attr-defined]
-    pool.free_block_queue = native_queue(blocks, "lru", {}, on_register=False)  # type: ignore[attr-defined]
-    queue = pool.free_block_queue  # type: ignore[attr-defined]
+    blocks, queue = give_queue(pool)
     taken = queue.popleft_n(2)
     queue.note_registered(taken, 0, 2)
     queue.append_n(taken[::-1])  # 1 is a free leaf, 0 its free inner parent
@@ -136,3 +144,43 @@ def test_the_hash_removal_hook_does_the_wrappers_work_in_c() -> None:
     assert (
         calls[-2:] == ["python", "vllm"] and Pool.remove_hashes.__prefixcache_original__ is original
     )
+
+
+def test_the_touch_and_register_hooks_do_the_wrappers_work_in_c() -> None:
+    """``touch`` and ``cache_full_blocks`` behind ``BlockPoolHook``: vLLM's function, then
+    the learning call and the counts in C; a call by keyword gets the Python wrapper."""
+    calls: list[str] = []
+
+    def vllm_touch(pool: Any, blocks: list[Block]) -> None:  # vLLM's: free blocks leave the queue
+        calls.append("vllm touch")
+        for block in blocks:
+            if block.ref_cnt == 0:  # type: ignore[attr-defined]
+                pool.free_block_queue.remove(block)
+            block.ref_cnt += 1  # type: ignore[attr-defined]
+
+    def cache(pool: Any, request: Any, blocks: list[Block], *args: Any, **kwargs: Any) -> None:
+        calls.append("vllm cache")
+
+    def fallback(*args: Any, **kwargs: Any) -> None:
+        calls.append("python")
+
+    hook = native_module().BlockPoolHook
+
+    class Pool:
+        touch = hook("touch", vllm_touch, fallback)
+        cache_full_blocks = hook("cache_full_blocks", cache, fallback)
+
+    pool = Pool()
+    _, queue = give_queue(pool)
+    taken = queue.popleft_n(2)
+    pool.cache_full_blocks(None, taken, 0, 2, 16, 0)  # 0 is 1's parent now
+    queue.append_n(taken)  # 0 freed first, but inner: 1, its child, goes before it
+    assert ids(queue.get_all_free_blocks()) == [2, 3, 1, 0]
+    pool.touch(block for block in taken)  # an iterator is listed once, as the wrapper does
+    assert ids(queue.get_all_free_blocks()) == [2, 3] and [b.ref_cnt for b in taken] == [1, 1]  # type: ignore[attr-defined]
+    assert queue.take_counts() == (2, 0) and queue.take_counts() == (0, 0)
+    pool.cache_full_blocks(None, blocks=taken, num_cached_blocks=0, num_full_blocks=2)
+    assert calls == ["vllm cache", "vllm touch", "python"]
+    assert Pool.touch.__prefixcache_original__ is vllm_touch
+    with pytest.raises(InvalidArgumentError, match="no method"):
+        hook("free_blocks", vllm_touch, fallback)

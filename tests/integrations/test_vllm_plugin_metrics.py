@@ -20,11 +20,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from prefixcache.engine.native_engine import native_available
 from prefixcache.engine.version import installed_version
 from prefixcache.errors import ConfigError
 from prefixcache.integrations import vllm as plugin
 from prefixcache.integrations import vllm_metrics
 from prefixcache.testing.vllm_pool import admit, chain, serve
+
+NATIVE = pytest.mark.skipif(not native_available(), reason="the native engine is not built")
 
 
 @pytest.fixture
@@ -55,11 +58,25 @@ def counters(registry: CollectorRegistry, policy: str, model: str, engine: str) 
 
 
 @pytest.mark.parametrize(
-    ("policy", "runs"), [("lru", "inline lru queue"), ("slru", "Python policy object")]
+    ("policy", "engine", "runs"),
+    [
+        ("lru", "python", "inline lru queue"),
+        ("slru", "python", "Python policy object"),
+        pytest.param("lru", "auto", "native queue", marks=NATIVE),
+        pytest.param("slru", "auto", "native queue", marks=NATIVE),
+    ],
 )
 def test_hits_on_kept_blocks_and_evictions_are_counted_under_the_policy(
-    block_pool: Any, registry: CollectorRegistry, policy: str, runs: str
+    block_pool: Any,
+    registry: CollectorRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+    policy: str,
+    engine: str,
+    runs: str,
 ) -> None:
+    """The native queue's counts wait in C (``_native.BlockPoolHook``) and reach the
+    counters when the registry is read: the same numbers as the Python queue's."""
+    monkeypatch.setenv("PREFIXCACHE_ENGINE", engine)
     plugin.install(policy)
     scheduler = sys.modules["vllm.v1.core.sched.scheduler"].Scheduler(config(), num_blocks=6)
     pool = scheduler.block_pool  # 5 usable blocks: the null block is one

@@ -68,10 +68,13 @@ class VllmQueueCore {
   VllmQueueCore& operator=(const VllmQueueCore&) = delete;
 
   int64_t num_free() const noexcept { return num_free_; }
-  /// One eviction counted (HashRemovalHook: a victim lost its hashes), for the metrics.
+  /// One eviction counted (BlockPoolHook: a victim lost its hashes), for the metrics.
   void count_eviction() noexcept { ++evictions_; }
-  /// The evictions counted since the last call.
+  /// Prefix hits on free blocks counted (BlockPoolHook around touch), for the metrics.
+  void count_hits(int64_t n) noexcept { hits_ += n; }
+  /// The evictions (hits) counted since the last call.
   int64_t take_evictions() noexcept { return std::exchange(evictions_, 0); }
+  int64_t take_hits() noexcept { return std::exchange(hits_, 0); }
   bool popleft_n(int64_t n, PyObject** out);  // a new list
   bool remove(PyObject* block);
   bool append_n(PyObject* blocks);   // a list or tuple
@@ -106,6 +109,7 @@ class VllmQueueCore {
   int64_t num_free_ = 0;
   int64_t clock_ = 0;
   int64_t evictions_ = 0;
+  int64_t hits_ = 0;
   std::vector<PyObject*> blocks_;  // strong references, every block seen
   std::vector<Section> where_;
   IdChain first_, inner_;              // hash-less (handed out first); inner, in free order
@@ -117,6 +121,12 @@ class VllmQueueCore {
   std::vector<int32_t> sibling_prev_, sibling_next_;
   std::vector<int32_t> num_children_;
 };
+
+/// The core of a ``_native.VllmQueue`` (vllm_queue_module.cpp); nullptr for any other
+/// object or an uninitialised queue, no error set.
+VllmQueueCore* vllm_queue_core(PyObject* object);
+/// Adds ``_native.BlockPoolHook`` (vllm_queue_hooks.cpp); false with an error set.
+bool add_vllm_hook_type(PyObject* module);
 
 }  // namespace prefixcache
 

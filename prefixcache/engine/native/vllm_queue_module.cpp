@@ -216,6 +216,14 @@ PyObject* queue_take_evictions(PyObject* self, PyObject*) {
   return core ? PyLong_FromLongLong(core->take_evictions()) : nullptr;
 }
 
+PyObject* queue_take_counts(PyObject* self, PyObject*) {
+  VllmQueueCore* core = core_of(self);
+  if (!core) return nullptr;
+  const int64_t hits = core->take_hits();
+  return Py_BuildValue("LL", static_cast<long long>(hits),
+                       static_cast<long long>(core->take_evictions()));
+}
+
 PyObject* queue_num_free(PyObject* self, void*) {
   VllmQueueCore* core = core_of(self);
   return core ? PyLong_FromLongLong(core->num_free()) : nullptr;
@@ -242,7 +250,9 @@ PyMethodDef g_queue_methods[] = {
     {"eviction_order", ENTER(queue_eviction_order), METH_NOARGS,
      "eviction_order() -> list: every free block in hand-out order (replayed on a copy)"},
     {"take_evictions", ENTER(queue_take_evictions), METH_NOARGS,
-     "take_evictions() -> int: victims counted by HashRemovalHook since the last call"},
+     "take_evictions() -> int: victims counted by BlockPoolHook since the last call"},
+    {"take_counts", ENTER(queue_take_counts), METH_NOARGS,
+     "take_counts() -> (hits, evictions): counted by BlockPoolHook since the last call"},
     {"check_invariants", ENTER(queue_check_invariants), METH_NOARGS,
      "check_invariants(): InvariantError naming the first broken invariant"},
     {nullptr, nullptr, 0, nullptr},
@@ -254,110 +264,6 @@ PyGetSetDef g_queue_getset[] = {
 };
 
 PyTypeObject g_queue_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
-
-// ------------------------------------------------------------------ HashRemovalHook
-//
-// Stands for BlockPool._remove_cached_block_hashes, which vLLM calls per block (every
-// block get_new_blocks hands out): vLLM's function, then, for a pool with this queue, the
-// wrapper's work in C (a known block: note_hash_removed; a victim that lost hashes and is
-// held by nobody: one eviction counted in the queue, which take_evictions() hands to the
-// metrics). Another queue: the Python wrapper.
-// A method descriptor with vectorcall: calling it costs no Python frame of its own.
-
-struct HookObject {
-  PyObject_HEAD
-  PyObject* original;  // vLLM's function
-  PyObject* fallback;  // the Python wrapper, for pools without a VllmQueue
-  vectorcallfunc vectorcall;
-};
-
-PyObject* g_free_block_queue = nullptr;
-PyObject* g_ref_cnt = nullptr;
-
-/// Whether nothing holds ``block`` (its ref_cnt is 0).
-bool unheld(PyObject* block, bool* out) {
-  PyObject* refs = PyObject_GetAttr(block, g_ref_cnt);
-  if (!refs) return false;
-  const long held = PyLong_AsLong(refs);
-  Py_DECREF(refs);
-  if (held == -1 && PyErr_Occurred()) return false;
-  *out = held == 0;
-  return true;
-}
-
-PyObject* hook_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  auto* hook = reinterpret_cast<HookObject*>(self);
-  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  if (nargs != 2 || kwnames) return PyObject_Vectorcall(hook->fallback, args, nargsf, kwnames);
-  PyObject* queue = PyObject_GetAttr(args[0], g_free_block_queue);
-  if (!queue) return nullptr;
-  if (!PyObject_TypeCheck(queue, &g_queue_type) || !reinterpret_cast<QueueObject*>(queue)->core) {
-    Py_DECREF(queue);
-    return PyObject_Vectorcall(hook->fallback, args, nargsf, kwnames);
-  }
-  PyObject* removed = PyObject_Vectorcall(hook->original, args, 2, nullptr);
-  VllmQueueCore* core = reinterpret_cast<QueueObject*>(queue)->core;
-  long long id;
-  bool ok = removed && vllm_block::raw_id(args[1], &id);
-  if (ok && core->knows(id)) {
-    try {
-      ok = core->note_hash_removed(args[1]);
-    } catch (const std::bad_alloc&) {
-      ok = false;
-      PyErr_NoMemory();
-    }
-  } else if (ok) {
-    const int truth = PyObject_IsTrue(removed);
-    bool free = false;
-    ok = truth >= 0 && (truth == 0 || unheld(args[1], &free));
-    if (ok && truth && free) core->count_eviction();  // a victim popleft_n handed out
-  }
-  Py_DECREF(queue);
-  if (!ok) Py_CLEAR(removed);
-  return removed;
-}
-
-PyObject* hook_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  PyObject *original, *fallback;
-  static const char* names[] = {"original", "fallback", nullptr};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO", const_cast<char**>(names), &original,
-                                   &fallback)) {
-    return nullptr;
-  }
-  auto* hook = reinterpret_cast<HookObject*>(type->tp_alloc(type, 0));
-  if (!hook) return nullptr;
-  hook->original = Py_NewRef(original);
-  hook->fallback = Py_NewRef(fallback);
-  hook->vectorcall = hook_call;
-  return reinterpret_cast<PyObject*>(hook);
-}
-
-void hook_dealloc(PyObject* self) {
-  PyObject_GC_UnTrack(self);
-  Py_CLEAR(reinterpret_cast<HookObject*>(self)->original);
-  Py_CLEAR(reinterpret_cast<HookObject*>(self)->fallback);
-  Py_TYPE(self)->tp_free(self);
-}
-
-int hook_traverse(PyObject* self, visitproc visit, void* arg) {
-  Py_VISIT(reinterpret_cast<HookObject*>(self)->original);
-  Py_VISIT(reinterpret_cast<HookObject*>(self)->fallback);
-  return 0;
-}
-
-PyObject* hook_get(PyObject* self, PyObject* obj, PyObject*) {
-  return obj ? PyMethod_New(self, obj) : Py_NewRef(self);
-}
-
-PyMemberDef g_hook_members[] = {
-    {"__prefixcache_original__", T_OBJECT, offsetof(HookObject, original), READONLY,
-     "vLLM's function this hook stands for"},
-    {"fallback", T_OBJECT, offsetof(HookObject, fallback), READONLY,
-     "the Python wrapper, called for a pool without a VllmQueue"},
-    {nullptr, 0, 0, 0, nullptr},
-};
-
-PyTypeObject g_hook_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 }  // namespace
 
@@ -376,28 +282,14 @@ bool add_vllm_queue_type(PyObject* module) {
   g_queue_type.tp_methods = g_queue_methods;
   g_queue_type.tp_getset = g_queue_getset;
   if (PyType_Ready(&g_queue_type) < 0) return false;
-  g_hook_type.tp_name = "prefixcache.engine._native.HashRemovalHook";
-  g_hook_type.tp_basicsize = sizeof(HookObject);
-  g_hook_type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_METHOD_DESCRIPTOR |
-                         Py_TPFLAGS_HAVE_VECTORCALL;
-  g_hook_type.tp_doc =
-      "HashRemovalHook(original, fallback): BlockPool._remove_cached_block_hashes for the "
-      "vLLM plugin, its work in C for a pool with a VllmQueue (vllm_queue_module.cpp).";
-  g_hook_type.tp_new = hook_new;
-  g_hook_type.tp_dealloc = hook_dealloc;
-  g_hook_type.tp_traverse = hook_traverse;
-  g_hook_type.tp_call = PyVectorcall_Call;
-  g_hook_type.tp_vectorcall_offset = offsetof(HookObject, vectorcall);
-  g_hook_type.tp_descr_get = hook_get;
-  g_hook_type.tp_members = g_hook_members;
-  if (PyType_Ready(&g_hook_type) < 0) return false;
-  g_free_block_queue = PyUnicode_InternFromString("free_block_queue");
-  g_ref_cnt = PyUnicode_InternFromString("ref_cnt");
-  if (!g_free_block_queue || !g_ref_cnt || !vllm_block::ready()) return false;
   Py_INCREF(&g_queue_type);
-  Py_INCREF(&g_hook_type);
   return PyModule_AddObject(module, "VllmQueue", reinterpret_cast<PyObject*>(&g_queue_type)) >= 0 &&
-         PyModule_AddObject(module, "HashRemovalHook", reinterpret_cast<PyObject*>(&g_hook_type)) >= 0;
+         add_vllm_hook_type(module);
+}
+
+VllmQueueCore* vllm_queue_core(PyObject* object) {
+  return PyObject_TypeCheck(object, &g_queue_type) ? reinterpret_cast<QueueObject*>(object)->core
+                                                    : nullptr;
 }
 
 }  // namespace prefixcache
