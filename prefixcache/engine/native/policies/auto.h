@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "../policy.h"
+#include "auto_heads.h"
 #include "keyed_heap.h"
-#include "linked_map.h"
 #include "recency_set.h"
 
 namespace prefixcache {
@@ -136,7 +136,7 @@ class AutoPolicy final : public CopyablePolicy<AutoPolicy> {
   // Duels and charges (auto_duels.cpp).
   std::vector<Duel> duels_;      // slots; free ones on free_duels_
   std::vector<int32_t> free_duels_;
-  LinkedMap<int32_t> by_hash_;   // hash -> its most recent duel side (slot * 2 + side)
+  AutoHeads by_hash_;            // hash -> its most recent duel side (slot * 2 + side)
   int32_t oldest_ = -1, newest_ = -1;
   int64_t num_duels_ = 0;
   int64_t max_duels_ = 1;

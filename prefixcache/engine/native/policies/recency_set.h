@@ -5,8 +5,9 @@
 // and pop_oldest(). One open-addressing table (linear probing, tombstones, load <= 1/2)
 // whose slots hold the key and the links of the recency list together, so a use is one
 // probe run and no second lookup (LinkedMap's index-then-arrays costs two). A removal
-// leaves a tombstone, since moving entries would break the links; the table is rebuilt
-// (in list order) when live entries and tombstones fill half of it. Keys are any int64.
+// leaves a tombstone, since moving entries would break the links (unless the next slot is
+// empty: then it and the tombstones before it are emptied); the table is rebuilt (in list
+// order) when live entries and tombstones fill half of it. Keys are any int64.
 // Every operation O(1) expected, amortised over rebuilds. Not thread-safe.
 #ifndef PREFIXCACHE_ENGINE_NATIVE_POLICIES_RECENCY_SET_H_
 #define PREFIXCACHE_ENGINE_NATIVE_POLICIES_RECENCY_SET_H_
@@ -64,8 +65,19 @@ class RecencySet {
     const int32_t slot = first_;
     first_ = table_[slot].next;
     (first_ == kNone ? last_ : table_[first_].prev) = kNone;
-    table_[slot].prev = kTomb;
     --live_;
+    // A removed slot before an empty one ends no probe run: it and the tombstones just
+    // before it become empty again, so tombstones (longer probes, rebuilds) stay few.
+    if (table_[(slot + 1) & mask_].prev != kEmpty) {
+      table_[slot].prev = kTomb;
+      return;
+    }
+    size_t at = static_cast<size_t>(slot);
+    do {
+      table_[at].prev = kEmpty;
+      --used_;
+      at = (at - 1) & mask_;
+    } while (table_[at].prev == kTomb);
   }
 
   void clear() { reset(16); }
