@@ -109,7 +109,7 @@ class AutoPolicy final : public CopyablePolicy<AutoPolicy> {
 
   // auto_safety.cpp
   void clear_shadow();
-  bool refresh(int64_t block_hash);
+  bool refresh(int64_t block_hash, int32_t& hint);
   void resize_shadow(int64_t change);
   void score(int64_t lru_lead, int64_t counted);
   void shadow_misses(const int64_t* hashes, size_t count);

@@ -26,6 +26,23 @@ class RecencySet {
 
   /// Make ``key`` the most recent; whether it was present.
   bool use(int64_t key) {
+    int32_t hint = kNone;
+    return use(key, hint);
+  }
+
+  /// use(key), first trying slot ``hint`` (any value); sets ``hint`` to the slot that came
+  /// after the key's in recency order, or kNone. A chain used key after key in the order
+  /// it was used the last time finds each key at the hint: no hashing, no probe run.
+  bool use(int64_t key, int32_t& hint) {
+    if (hint >= 0 && static_cast<size_t>(hint) < table_.size()) {
+      const Slot& entry = table_[hint];
+      if (entry.prev >= kNone && entry.key == key) {  // live, and keys are unique
+        const int32_t found = hint;
+        hint = entry.next;
+        to_back(found);
+        return true;
+      }
+    }
     size_t slot = home(key);
     size_t tomb = kNoSlot;
     for (;; slot = (slot + 1) & mask_) {
@@ -34,10 +51,12 @@ class RecencySet {
       if (entry.prev == kTomb) {
         if (tomb == kNoSlot) tomb = slot;
       } else if (entry.key == key) {
+        hint = entry.next;
         to_back(static_cast<int32_t>(slot));
         return true;
       }
     }
+    hint = kNone;  // an insertion may rebuild the table
     if (tomb != kNoSlot) {
       slot = tomb;
     } else {
@@ -84,8 +103,9 @@ class RecencySet {
 
   size_t memory_bytes() const noexcept { return table_.capacity() * sizeof(Slot); }
 
+ static constexpr int32_t kNone = -1;  // no neighbour in the list; no hint
+
  private:
-  static constexpr int32_t kNone = -1;   // no neighbour in the list
   static constexpr int32_t kTomb = -2;   // prev of a removed slot
   static constexpr int32_t kEmpty = -3;  // prev of a never-used slot
   static constexpr size_t kNoSlot = SIZE_MAX;
