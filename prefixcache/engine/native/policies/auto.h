@@ -5,7 +5,8 @@
 // One class over one state, split in files as the Python mixins are: auto.cpp (leaves,
 // heaps, stays, eviction, the pool estimate, the factory), auto_sketch.cpp (the count-min
 // sketch of uses), auto_duels.cpp (counterfactual duels, decayed charges, the leader),
-// auto_safety.cpp (the LRU shadow, on_hit, the net), auto_shortcut.cpp (evicts_first).
+// auto_safety.cpp (the LRU shadow, on_hit, the net), auto_shortcut.cpp (evicts_first);
+// auto_heads.h maps a hash to its most recent duel side.
 // Step for step the Python class's decisions: the same double arithmetic in the same order
 // (std::pow for Python's float ** int, std::sqrt), the same ties (lower block ID). Where the
 // Python class keeps lazy heaps of versioned keys, this keeps indexed heaps (keyed_heap.h):
