@@ -79,7 +79,7 @@ void AutoPolicy::on_register(const int64_t* hashes, size_t count, int64_t) {
   // Duels and counts are separate state: settle the duels, then count.
   if (num_duels_ > 0) {
     for (size_t i = 0; i < count; ++i) {
-      if (by_hash_.contains(hashes[i])) reused(hashes[i]);
+      reused(hashes[i]);  // nothing when the hash is in no duel
     }
   }
   count_run(hashes, count);

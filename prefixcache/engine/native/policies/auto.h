@@ -5,7 +5,8 @@
 // One class over one state, split in files as the Python mixins are: auto.cpp (leaves,
 // heaps, stays, eviction, the pool estimate, the factory), auto_sketch.cpp (the count-min
 // sketch of uses), auto_duels.cpp (counterfactual duels, decayed charges, the leader),
-// auto_safety.cpp (the LRU shadow, on_hit, the net), auto_shortcut.cpp (evicts_first).
+// auto_safety.cpp (the LRU shadow, on_hit, the net), auto_shortcut.cpp (evicts_first);
+// auto_heads.h maps a hash to its most recent duel side.
 // Step for step the Python class's decisions: the same double arithmetic in the same order
 // (std::pow for Python's float ** int, std::sqrt), the same ties (lower block ID). Where the
 // Python class keeps lazy heaps of versioned keys, this keeps indexed heaps (keyed_heap.h):
@@ -26,8 +27,8 @@
 #include <vector>
 
 #include "../policy.h"
+#include "auto_heads.h"
 #include "keyed_heap.h"
-#include "linked_map.h"
 #include "recency_set.h"
 
 namespace prefixcache {
@@ -109,7 +110,7 @@ class AutoPolicy final : public CopyablePolicy<AutoPolicy> {
 
   // auto_safety.cpp
   void clear_shadow();
-  bool refresh(int64_t block_hash);
+  bool refresh(int64_t block_hash, int32_t& hint);
   void resize_shadow(int64_t change);
   void score(int64_t lru_lead, int64_t counted);
   void shadow_misses(const int64_t* hashes, size_t count);
@@ -136,7 +137,7 @@ class AutoPolicy final : public CopyablePolicy<AutoPolicy> {
   // Duels and charges (auto_duels.cpp).
   std::vector<Duel> duels_;      // slots; free ones on free_duels_
   std::vector<int32_t> free_duels_;
-  LinkedMap<int32_t> by_hash_;   // hash -> its most recent duel side (slot * 2 + side)
+  AutoHeads by_hash_;            // hash -> its most recent duel side (slot * 2 + side)
   int32_t oldest_ = -1, newest_ = -1;
   int64_t num_duels_ = 0;
   int64_t max_duels_ = 1;

@@ -27,9 +27,10 @@ void AutoPolicy::clear_shadow() {
   hold_until_ = 0;
 }
 
-bool AutoPolicy::refresh(int64_t block_hash) {
-  // Use ``block_hash`` in the shadow (most recent now); whether the shadow held it.
-  if (shadow_.use(block_hash)) return true;
+bool AutoPolicy::refresh(int64_t block_hash, int32_t& hint) {
+  // Use ``block_hash`` in the shadow (most recent now); whether the shadow held it. A run
+  // of uses passes ``hint`` along (RecencySet::use): a chain used again is found in order.
+  if (shadow_.use(block_hash, hint)) return true;
   if (static_cast<int64_t>(shadow_.size()) > shadow_size_) shadow_.pop_oldest();
   return false;
 }
@@ -51,9 +52,10 @@ void AutoPolicy::shadow_misses(const int64_t* hashes, size_t count) {
   // first, so that the run's head ends most recent.
   registered_ += static_cast<int64_t>(count);
   int64_t held = 0;
+  int32_t hint = RecencySet::kNone;
   for (size_t i = count; i-- > 0;) {
     if (i >= kLookAhead) shadow_.prefetch(hashes[i - kLookAhead]);
-    held += refresh(hashes[i]);
+    held += refresh(hashes[i], hint);
   }
   score(held, held);
 }
@@ -62,9 +64,10 @@ void AutoPolicy::on_hit(const int64_t* hashes, size_t count) {
   // A request took the cached prefix: -1 for LRU per hash the shadow lacks (leaf first).
   sees_hits_ = true;
   int64_t missed = 0;
+  int32_t hint = RecencySet::kNone;
   for (size_t i = count; i-- > 0;) {
     if (i >= kLookAhead) shadow_.prefetch(hashes[i - kLookAhead]);
-    missed += !refresh(hashes[i]);
+    missed += !refresh(hashes[i], hint);
   }
   score(-missed, missed);
 }

@@ -23,9 +23,14 @@ void AutoPolicy::resize_sketch(int64_t pool) {
   // two, so each new counter starts at the count of the old one it came from.
   const int64_t factor = width / width_;
   std::vector<uint8_t> grown(static_cast<size_t>(kAutoRows * width));
-  size_t at = 0;
-  for (const uint8_t counter : sketch_) {  // row by row, each old counter factor times
-    for (int64_t copy = 0; copy < factor; ++copy) grown[at++] = counter;
+  if (factor == 2) {  // the pool grows a block at a time: the width doubles (vectorizes)
+    const size_t old_size = sketch_.size();
+    for (size_t i = 0; i < old_size; ++i) grown[2 * i] = grown[2 * i + 1] = sketch_[i];
+  } else {
+    size_t at = 0;
+    for (const uint8_t counter : sketch_) {  // row by row, each old counter factor times
+      for (int64_t copy = 0; copy < factor; ++copy) grown[at++] = counter;
+    }
   }
   sketch_.swap(grown);
   width_ = width;

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace prefixcache {
@@ -18,21 +19,19 @@ namespace prefixcache {
 template <typename Key>
 class KeyedHeap {
  public:
-  explicit KeyedHeap(size_t num_blocks)
-      : heap_(num_blocks), key_(num_blocks), position_(num_blocks, -1) {}
+  explicit KeyedHeap(size_t num_blocks) : heap_(num_blocks), position_(num_blocks, -1) {}
 
   size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
   bool contains(int32_t block_id) const noexcept { return position_[block_id] >= 0; }
-  const Key& key_of(int32_t block_id) const noexcept { return key_[block_id]; }
+  /// The key of tracked ``block_id``.
+  const Key& key_of(int32_t block_id) const noexcept {
+    return heap_[static_cast<size_t>(position_[block_id])].key;
+  }
 
   /// Track ``block_id`` (untracked) under ``key``.
   void insert(int32_t block_id, const Key& key) noexcept {
-    key_[block_id] = key;
-    const size_t at = size_++;
-    heap_[at] = block_id;
-    position_[block_id] = static_cast<int32_t>(at);
-    sift_up(at);
+    sift_up(size_++, Entry{key, block_id});
   }
 
   /// Stop tracking ``block_id`` (tracked).
@@ -41,83 +40,91 @@ class KeyedHeap {
     position_[block_id] = -1;
     const size_t last = --size_;
     if (at == last) return;
-    heap_[at] = heap_[last];
-    position_[heap_[at]] = static_cast<int32_t>(at);
-    if (!sift_up(at)) sift_down(at);
+    place(at, heap_[last]);
   }
 
   /// Give tracked ``block_id`` a new key.
   void rekey(int32_t block_id, const Key& key) noexcept {
-    key_[block_id] = key;
-    const size_t at = static_cast<size_t>(position_[block_id]);
-    if (!sift_up(at)) sift_down(at);
+    place(static_cast<size_t>(position_[block_id]), Entry{key, block_id});
   }
 
   /// The lowest (the heap must not be empty).
-  int32_t top() const noexcept { return heap_[0]; }
+  int32_t top() const noexcept { return heap_[0].id; }
 
   /// Remove and return the lowest (the heap must not be empty).
   int32_t pop() noexcept {
-    const int32_t block_id = heap_[0];
-    remove(block_id);
+    const int32_t block_id = heap_[0].id;
+    position_[block_id] = -1;
+    const size_t last = --size_;
+    if (last > 0) sift_down(0, heap_[last]);
     return block_id;
   }
 
   /// Whether (key, block_id) would sort before every tracked entry.
   bool before_all(const Key& key, int32_t block_id) const noexcept {
-    return empty() || less(key, block_id, key_[heap_[0]], heap_[0]);
+    return empty() || less(Entry{key, block_id}, heap_[0]);
   }
 
   void clear() noexcept {
-    for (size_t i = 0; i < size_; ++i) position_[heap_[i]] = -1;
+    for (size_t i = 0; i < size_; ++i) position_[heap_[i].id] = -1;
     size_ = 0;
   }
 
   /// Tracked block at heap slot ``i`` (i < size), for scans in no particular order.
-  int32_t at(size_t i) const noexcept { return heap_[i]; }
+  int32_t at(size_t i) const noexcept { return heap_[i].id; }
 
   size_t memory_bytes() const noexcept {
-    return heap_.size() * (2 * sizeof(int32_t) + sizeof(Key));
+    return heap_.size() * (sizeof(Entry) + sizeof(int32_t));
   }
 
  private:
-  static bool less(const Key& a, int32_t a_id, const Key& b, int32_t b_id) noexcept {
-    return a < b || (!(b < a) && a_id < b_id);
-  }
-  bool less(int32_t a, int32_t b) const noexcept { return less(key_[a], a, key_[b], b); }
+  // Keys live beside the IDs in the heap array, so a sift compares neighbouring entries
+  // instead of reading each block's key from a second array (one cache miss a level).
+  struct Entry {
+    Key key;
+    int32_t id;
+  };
 
-  bool sift_up(size_t at) noexcept {
-    const int32_t block_id = heap_[at];
-    const size_t start = at;
+  static bool less(const Entry& a, const Entry& b) noexcept {
+    return a.key < b.key || (!(b.key < a.key) && a.id < b.id);
+  }
+
+  // Put ``entry`` at slot ``at`` (a hole) and restore the heap order around it.
+  void place(size_t at, const Entry& entry) noexcept {
+    if (at > 0 && less(entry, heap_[(at - 1) / 2])) {
+      sift_up(at, entry);
+    } else {
+      sift_down(at, entry);
+    }
+  }
+
+  void sift_up(size_t at, Entry entry) noexcept {
     while (at > 0) {
       const size_t parent = (at - 1) / 2;
-      if (!less(block_id, heap_[parent])) break;
+      if (!less(entry, heap_[parent])) break;
       heap_[at] = heap_[parent];
-      position_[heap_[at]] = static_cast<int32_t>(at);
+      position_[heap_[at].id] = static_cast<int32_t>(at);
       at = parent;
     }
-    heap_[at] = block_id;
-    position_[block_id] = static_cast<int32_t>(at);
-    return at != start;
+    position_[entry.id] = static_cast<int32_t>(at);
+    heap_[at] = std::move(entry);
   }
 
-  void sift_down(size_t at) noexcept {
-    const int32_t block_id = heap_[at];
+  void sift_down(size_t at, Entry entry) noexcept {
     for (;;) {
       size_t child = 2 * at + 1;
       if (child >= size_) break;
       if (child + 1 < size_ && less(heap_[child + 1], heap_[child])) ++child;
-      if (!less(heap_[child], block_id)) break;
+      if (!less(heap_[child], entry)) break;
       heap_[at] = heap_[child];
-      position_[heap_[at]] = static_cast<int32_t>(at);
+      position_[heap_[at].id] = static_cast<int32_t>(at);
       at = child;
     }
-    heap_[at] = block_id;
-    position_[block_id] = static_cast<int32_t>(at);
+    position_[entry.id] = static_cast<int32_t>(at);
+    heap_[at] = std::move(entry);
   }
 
-  std::vector<int32_t> heap_;      // tracked block IDs, heap-ordered; first size_ valid
-  std::vector<Key> key_;           // each block's key (meaningful while tracked)
+  std::vector<Entry> heap_;        // tracked entries, heap-ordered; first size_ valid
   std::vector<int32_t> position_;  // each block's slot in heap_, or -1
   size_t size_ = 0;
 };

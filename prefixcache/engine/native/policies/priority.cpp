@@ -97,6 +97,7 @@ class PriorityPolicy final : public CopyablePolicy<PriorityPolicy> {
 
  private:
   int64_t priority_of(int64_t block_hash) const {
+    if (retention_.empty()) return default_;  // the common case: no probe
     const auto found = retention_.find(block_hash);
     return found == retention_.end() ? default_ : found->second.priority;
   }

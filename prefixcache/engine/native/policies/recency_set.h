@@ -5,8 +5,9 @@
 // and pop_oldest(). One open-addressing table (linear probing, tombstones, load <= 1/2)
 // whose slots hold the key and the links of the recency list together, so a use is one
 // probe run and no second lookup (LinkedMap's index-then-arrays costs two). A removal
-// leaves a tombstone, since moving entries would break the links; the table is rebuilt
-// (in list order) when live entries and tombstones fill half of it. Keys are any int64.
+// leaves a tombstone, since moving entries would break the links (unless the next slot is
+// empty: then it and the tombstones before it are emptied); the table is rebuilt (in list
+// order) when live entries and tombstones fill half of it. Keys are any int64.
 // Every operation O(1) expected, amortised over rebuilds. Not thread-safe.
 #ifndef PREFIXCACHE_ENGINE_NATIVE_POLICIES_RECENCY_SET_H_
 #define PREFIXCACHE_ENGINE_NATIVE_POLICIES_RECENCY_SET_H_
@@ -25,6 +26,23 @@ class RecencySet {
 
   /// Make ``key`` the most recent; whether it was present.
   bool use(int64_t key) {
+    int32_t hint = kNone;
+    return use(key, hint);
+  }
+
+  /// use(key), first trying slot ``hint`` (any value); sets ``hint`` to the slot that came
+  /// after the key's in recency order, or kNone. A chain used key after key in the order
+  /// it was used the last time finds each key at the hint: no hashing, no probe run.
+  bool use(int64_t key, int32_t& hint) {
+    if (hint >= 0 && static_cast<size_t>(hint) < table_.size()) {
+      const Slot& entry = table_[hint];
+      if (entry.prev >= kNone && entry.key == key) {  // live, and keys are unique
+        const int32_t found = hint;
+        hint = entry.next;
+        to_back(found);
+        return true;
+      }
+    }
     size_t slot = home(key);
     size_t tomb = kNoSlot;
     for (;; slot = (slot + 1) & mask_) {
@@ -33,10 +51,12 @@ class RecencySet {
       if (entry.prev == kTomb) {
         if (tomb == kNoSlot) tomb = slot;
       } else if (entry.key == key) {
+        hint = entry.next;
         to_back(static_cast<int32_t>(slot));
         return true;
       }
     }
+    hint = kNone;  // an insertion may rebuild the table
     if (tomb != kNoSlot) {
       slot = tomb;
     } else {
@@ -64,16 +84,28 @@ class RecencySet {
     const int32_t slot = first_;
     first_ = table_[slot].next;
     (first_ == kNone ? last_ : table_[first_].prev) = kNone;
-    table_[slot].prev = kTomb;
     --live_;
+    // A removed slot before an empty one ends no probe run: it and the tombstones just
+    // before it become empty again, so tombstones (longer probes, rebuilds) stay few.
+    if (table_[(slot + 1) & mask_].prev != kEmpty) {
+      table_[slot].prev = kTomb;
+      return;
+    }
+    size_t at = static_cast<size_t>(slot);
+    do {
+      table_[at].prev = kEmpty;
+      --used_;
+      at = (at - 1) & mask_;
+    } while (table_[at].prev == kTomb);
   }
 
   void clear() { reset(16); }
 
   size_t memory_bytes() const noexcept { return table_.capacity() * sizeof(Slot); }
 
+ static constexpr int32_t kNone = -1;  // no neighbour in the list; no hint
+
  private:
-  static constexpr int32_t kNone = -1;   // no neighbour in the list
   static constexpr int32_t kTomb = -2;   // prev of a removed slot
   static constexpr int32_t kEmpty = -3;  // prev of a never-used slot
   static constexpr size_t kNoSlot = SIZE_MAX;

@@ -20,6 +20,10 @@ namespace prefixcache {
 namespace {
 
 constexpr int64_t kMaxFrequency = 3;  // S3-FIFO's two-bit counter
+// The ghost list's index starts this small and doubles as it fills: a table sized for the
+// whole ghost_capacity (50,000) up front spreads a short run's few hashes over megabytes,
+// so each probe missed the cache.
+constexpr int64_t kGhostStart = 1024;
 
 using Place = std::pair<int64_t, int64_t>;  // (clock, sequence)
 
@@ -42,7 +46,7 @@ class S3FifoPolicy final : public CopyablePolicy<S3FifoPolicy> {
         small_(static_cast<size_t>(num_blocks)),
         main_(static_cast<size_t>(num_blocks)),
         stays_(static_cast<size_t>(num_blocks)),
-        ghost_(static_cast<size_t>(std::min<int64_t>(ghost_capacity, 1 << 16))) {}
+        ghost_(static_cast<size_t>(std::min<int64_t>(ghost_capacity, kGhostStart))) {}
 
   void insert(int32_t block_id, const LeafInfo& leaf) override {
     Stay& stay = stays_[block_id];
