@@ -123,6 +123,7 @@ void Engine::register_chain(const int32_t* ids, const int64_t* hashes, size_t co
   // Every conflict is found before anything changes.
   const uint32_t generation = next_generation();
   for (size_t i = 0; i < count; ++i) {
+    index_.prefetch_insert(hashes[i]);  // the loop below probes these slots
     const int32_t block_id = ids[i];
     const int64_t current = hash_of_[block_id];
     if (current != 0 && current != hashes[i]) {
