@@ -270,6 +270,7 @@ void Engine::reset() {
   std::fill(pin_stamp_.begin(), pin_stamp_.end(), 0);
   std::fill(pin_pending_.begin(), pin_pending_.end(), 0);
   pin_bound_ = 0;
+  rebuild_pinned_list();
   pending_blocks_.clear();
   num_registrations_ = 0;
   changed_free_.clear();
