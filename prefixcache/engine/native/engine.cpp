@@ -46,6 +46,7 @@ Engine::Engine(int32_t total_count, int32_t paused_count, std::unique_ptr<Policy
       pins_(total_count, 0),
       pin_stamp_(total_count, 0),
       pin_pending_(total_count, 0),
+      pinned_at_(total_count, -1),
       stamp_(total_count, 0),
       slot_(total_count, 0) {
   policy_ = std::move(policy);

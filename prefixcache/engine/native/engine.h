@@ -195,6 +195,7 @@ class Engine {
   // Chain pins: the cached blocks among ids and the pinned tails' ancestors (distinct);
   // stamps the ancestors with the current generation_. O(count + pinned chains).
   int64_t num_reserved(const int32_t* ids, size_t count);
+  void rebuild_pinned_list();  // from pins_, after a relocation or a reset
   /// Give parent_id what block_id's pins owe it: the stamp (max) and pending accesses (sum).
   void hand_down(int32_t block_id, int32_t parent_id) noexcept;
   /// The stamp full references would have written on block_id (with its descendants' pins).
@@ -263,6 +264,9 @@ class Engine {
   std::vector<int32_t> pins_;
   std::vector<int64_t> pin_stamp_, pin_pending_;
   int64_t pin_bound_ = 0;
+  // The pinned tails (pins_ > 0) in no order, and each block's position there (-1: none):
+  // the capacity walk visits the pinned chains without a scan of every block ID.
+  std::vector<int32_t> pinned_list_, pinned_at_;
 
   int64_t num_active_ = 0, num_paused_ = 0, num_cached_ = 0;
   int64_t num_holding_paused_ = 0;  // blocks holding any paused reference (paused budget)

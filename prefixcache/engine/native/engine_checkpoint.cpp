@@ -30,6 +30,8 @@ void EngineCheckpoint::copy_state(To& to, const From& from) {
   to.pin_stamp_ = from.pin_stamp_;
   to.pin_pending_ = from.pin_pending_;
   to.pin_bound_ = from.pin_bound_;
+  to.pinned_list_ = from.pinned_list_;
+  to.pinned_at_ = from.pinned_at_;
   to.num_active_ = from.num_active_;
   to.num_paused_ = from.num_paused_;
   to.num_cached_ = from.num_cached_;

@@ -46,6 +46,7 @@ class EngineCheckpoint {
   std::vector<int64_t> last_access_, num_accesses_;
   std::vector<int32_t> pins_;
   std::vector<int64_t> pin_stamp_, pin_pending_;
+  std::vector<int32_t> pinned_list_, pinned_at_;
   int64_t pin_bound_ = 0;
   int64_t num_active_ = 0, num_paused_ = 0, num_cached_ = 0, num_holding_paused_ = 0;
   Counters counters_;

@@ -102,6 +102,7 @@ void Engine::relocate(const int32_t* sources, const int32_t* destinations, size_
       if (link >= 0) link = perm[link];
     }
   }
+  rebuild_pinned_list();
   rebuild_free_list();
 }
 

@@ -19,7 +19,10 @@ namespace prefixcache {
 void Engine::pin_chain(const int32_t* ids, size_t count, int64_t num_queried) {
   const int32_t tail = ids[count - 1];
   take_hit(&tail, 1, 0, true);  // checks before it writes; nothing below throws
-  ++pins_[tail];
+  if (pins_[tail]++ == 0) {
+    pinned_at_[tail] = static_cast<int32_t>(pinned_list_.size());
+    pinned_list_.push_back(tail);
+  }
   pin_bound_ += static_cast<int64_t>(count) - 1;
   ++pin_pending_[tail];
   pin_stamp_[tail] = last_access_[tail];
@@ -34,7 +37,13 @@ void Engine::release_pinned(const int32_t* ids, size_t count, int64_t chain_leng
                       "block " + std::to_string(tail) + " is not a pinned chain's tail"};
   }
   release(ids, count, false);  // checks the counts before it writes
-  --pins_[tail];
+  if (--pins_[tail] == 0) {  // swap-remove from the pinned tails
+    const int32_t last = pinned_list_.back();
+    pinned_list_[static_cast<size_t>(pinned_at_[tail])] = last;
+    pinned_at_[last] = pinned_at_[tail];
+    pinned_list_.pop_back();
+    pinned_at_[tail] = -1;
+  }
   pin_bound_ -= chain_length - 1;
   counters_.num_released += chain_length - 1;
 }
@@ -43,8 +52,7 @@ int64_t Engine::num_reserved(const int32_t* ids, size_t count) {
   const uint32_t seen = next_generation();
   int64_t reserved = 0;
   if (pin_bound_) {
-    for (int32_t tail = 0; tail < num_usable_; ++tail) {
-      if (!pins_[tail]) continue;
+    for (const int32_t tail : pinned_list_) {
       for (int32_t block_id = parent_[tail]; block_id != kRoot && stamp_[block_id] != seen;
            block_id = parent_[block_id]) {
         stamp_[block_id] = seen;
@@ -71,10 +79,20 @@ int64_t Engine::num_evictable(int64_t num_blocks) {
 
 std::vector<std::pair<int32_t, int32_t>> Engine::pinned_tails() const {
   std::vector<std::pair<int32_t, int32_t>> tails;
-  for (int32_t block_id = 0; block_id < num_usable_; ++block_id) {
-    if (pins_[block_id]) tails.emplace_back(block_id, pins_[block_id]);
-  }
+  tails.reserve(pinned_list_.size());
+  for (const int32_t block_id : pinned_list_) tails.emplace_back(block_id, pins_[block_id]);
+  std::sort(tails.begin(), tails.end());  // by ID, as the scan of pins_ gave them
   return tails;
+}
+
+void Engine::rebuild_pinned_list() {
+  pinned_list_.clear();
+  std::fill(pinned_at_.begin(), pinned_at_.end(), -1);
+  for (int32_t block_id = 0; block_id < static_cast<int32_t>(pins_.size()); ++block_id) {
+    if (!pins_[block_id]) continue;
+    pinned_at_[block_id] = static_cast<int32_t>(pinned_list_.size());
+    pinned_list_.push_back(block_id);
+  }
 }
 
 void Engine::hand_down(int32_t block_id, int32_t parent_id) noexcept {

@@ -123,6 +123,7 @@ void Engine::register_chain(const int32_t* ids, const int64_t* hashes, size_t co
   // Every conflict is found before anything changes.
   const uint32_t generation = next_generation();
   for (size_t i = 0; i < count; ++i) {
+    index_.prefetch_insert(hashes[i]);  // the loop below probes these slots
     const int32_t block_id = ids[i];
     const int64_t current = hash_of_[block_id];
     if (current != 0 && current != hashes[i]) {
@@ -269,6 +270,7 @@ void Engine::reset() {
   std::fill(pin_stamp_.begin(), pin_stamp_.end(), 0);
   std::fill(pin_pending_.begin(), pin_pending_.end(), 0);
   pin_bound_ = 0;
+  rebuild_pinned_list();
   pending_blocks_.clear();
   num_registrations_ = 0;
   changed_free_.clear();
