@@ -80,6 +80,8 @@ class SessionHandle(Protocol):
 
     def release(self) -> None: ...
 
+    def end(self) -> int: ...
+
 
 class SessionMethods:
     """Adds :meth:`open_session` to the allocator facade, and what sessions check against."""
@@ -186,6 +188,7 @@ class Session:
         self._key: tuple[int, int, int] | None = None  # structure key at the last release
         self._refused = False  # a registration of this turn was refused (hash held elsewhere)
         self._pinned = 0  # the running turn's pinned chain length (0: full references)
+        self._shared = 0  # blocks the first turn hit (maybe shared prefixes): end() keeps them
         # Pins where the engine allows them (a caching policy that reads no held counts and
         # hears of no hit) and no collaborator watches (events and routing see releases).
         engine_can_pin = bool(getattr(host._engine, "can_pin", False))
@@ -293,6 +296,8 @@ class Session:
             self._ids[:base] = context
         self._ids[base:num_hit] = later
         self._ids[num_hit:num_blocks] = new
+        if not known:
+            self._shared = num_hit
         self._hashes.extend(new_hashes)
         self._num_tokens = num_tokens
         self._pending = prompt[len(new_hashes) * size :].copy()
@@ -379,6 +384,39 @@ class Session:
         # block, which the release just freed); otherwise it looks the chain up again.
         self._key = after if before == after and not self._refused else None
         self._refused = False
+
+    def end(self) -> int:
+        """The conversation ended: free its own cached blocks; the session starts over.
+
+        Looks the remembered chain up (the hit counters do not move) and frees,
+        tail-first, the cached leaves among the blocks after the first turn's
+        hits (those may be prefixes other conversations share), through the
+        allocator's :meth:`~prefixcache.KVBlockAllocator.evict_blocks`: a block
+        another chain hangs off, or a request holds, stays.
+
+        Returns:
+            How many blocks were freed.
+
+        Raises:
+            BlockStateError: a turn is running (release it first). Nothing changes.
+
+        Complexity: O(context blocks) lookups, then O(log n) policy work per freed block.
+        """
+        if self._num_held:
+            raise BlockStateError("a turn of this session is running; release() it first")
+        host = self._host
+        freed = 0
+        if host.enable_prefix_caching and len(self._hashes) > self._shared:
+            found = host._engine.lookup(self._hashes)
+            if len(found) > self._shared:
+                freed = host.evict_blocks(found[self._shared :])
+        self._hashes = []
+        self._pending = _EMPTY
+        self._num_tokens = 0
+        self._shared = 0
+        self._key = None
+        self._refused = False
+        return freed
 
     # ------------------------------------------------------------------ internals
 
