@@ -60,10 +60,10 @@ def test_end_keeps_the_first_turns_hits_and_a_prefix_another_chain_hangs_off(kin
     allocator = _build(engine, total=20)
     system = [7, 7, 8, 8]  # two blocks another conversation already cached
     other = _session(allocator, kind)
-    other.admit(system + [1, 1])
+    other.admit([*system, 1, 1])
     other.release()
     mine = _session(allocator, kind)
-    assert mine.admit(system + [2, 2, 3]) == 2  # the shared prefix is hit
+    assert mine.admit([*system, 2, 2, 3]) == 2  # the shared prefix is hit
     mine.append([3, 4, 4])  # fills two more blocks
     mine.release()
     refused = _outcome(lambda: mine.admit([5]))
@@ -77,14 +77,14 @@ def test_end_keeps_the_first_turns_hits_and_a_prefix_another_chain_hangs_off(kin
     assert mine.end() == 3  # [2, 2], [3, 3], [4, 4]: its own blocks
     assert allocator.get_evictable_block_count() == cached - 3
     assert mine.num_tokens == 0
-    assert len(allocator.match_prefix(allocator.hash_tokens(system + [1, 1]))) == 3
+    assert len(allocator.match_prefix(allocator.hash_tokens([*system, 1, 1]))) == 3
     allocator.check_invariants()
     assert mine.admit(system) == 1  # a fresh conversation (the last block is not matched)
     mine.release()
     # The other conversation came first: all three of its blocks were its own, and with
     # mine ended nothing hangs off the prefix any more.
     assert other.end() == 3
-    assert len(allocator.match_prefix(allocator.hash_tokens(system + [1, 1]))) == 0
+    assert len(allocator.match_prefix(allocator.hash_tokens([*system, 1, 1]))) == 0
     allocator.check_invariants()
 
 
