@@ -88,6 +88,38 @@ def test_end_keeps_the_first_turns_hits_and_a_prefix_another_chain_hangs_off(kin
     allocator.check_invariants()
 
 
+@pytest.mark.parametrize("policy", ["lfu", "hazard", "lru"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_end_hands_the_pins_stamps_down_to_the_prefix_it_keeps(kind: str, policy: str) -> None:
+    """A pinned turn's tail owes its ancestors the accesses full references write; end()
+    frees the tail and must hand them to the shared prefix it keeps (as eviction does)."""
+    engine = "python" if kind == "python" else "native"
+    ours, theirs = _build(engine, policy, 20), _build(engine, policy, 20)
+    for allocator in (ours, theirs):  # another conversation caches the system prompt
+        other = _session(allocator, kind)
+        other.admit([7, 7, 8, 8, 9])
+        other.release()
+    mine, twin = _session(ours, kind), Twin(theirs)
+    for turn in ([7, 7, 8, 8, 1, 1, 1], [2, 2, 3], [4]):  # pinned chains from the second turn
+        assert mine.admit(turn) == twin.admit(turn)
+        mine.release()
+        twin.release()
+    assert mine.end() == twin.end() == 3  # [1, 1], [1, 2], [2, 3]
+    assert as_full_references(state_digest(ours), ours) == as_full_references(
+        state_digest(theirs), theirs
+    )
+    for uses, token in enumerate((5, 6, 4, 3)):  # rivals used 1-4 times, after the turns
+        for allocator in (ours, theirs):
+            for _ in range(uses + 1):
+                row = np.zeros(2, dtype=np.int32)
+                allocator.admit_request([token] * 3, row)  # its first block is matched
+                allocator.release_request(row)
+    while ours.get_evictable_block_count():  # the prefix's stamp and count place it alike
+        assert ours.evict_cached_blocks(1) == theirs.evict_cached_blocks(1) == 1
+        assert ours._engine.registered_chains() == theirs._engine.registered_chains()
+    ours.check_invariants()
+
+
 tokens_st = st.lists(st.integers(0, 3), min_size=1, max_size=7)
 STEPS = ("admit", "append", "release", "admit", "append", "release", "end", "request", "evict")
 
