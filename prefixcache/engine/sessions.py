@@ -386,36 +386,18 @@ class Session:
         self._refused = False
 
     def end(self) -> int:
-        """The conversation ended: free its own cached blocks; the session starts over.
-
-        Looks the remembered chain up (the hit counters do not move) and frees,
-        tail-first, the cached leaves among the blocks after the first turn's
-        hits (those may be prefixes other conversations share), through the
-        allocator's :meth:`~prefixcache.KVBlockAllocator.evict_blocks`: a block
-        another chain hangs off, or a request holds, stays.
-
-        Returns:
-            How many blocks were freed.
-
-        Raises:
-            BlockStateError: a turn is running (release it first). Nothing changes.
-
-        Complexity: O(context blocks) lookups, then O(log n) policy work per freed block.
-        """
+        """The conversation ended: free its cached blocks after the first turn's hits (maybe
+        shared prefixes) through ``evict_blocks`` (tail-first, looked up: no hit counted);
+        the session starts over. Returns how many were freed. Raises BlockStateError (nothing
+        changes) while a turn runs. Complexity: O(context) lookups, O(log n) a freed block."""
         if self._num_held:
             raise BlockStateError("a turn of this session is running; release() it first")
-        host = self._host
-        freed = 0
+        host, freed = self._host, 0
         if host.enable_prefix_caching and len(self._hashes) > self._shared:
             found = host._engine.lookup(self._hashes)
-            if len(found) > self._shared:
-                freed = host.evict_blocks(found[self._shared :])
-        self._hashes = []
-        self._pending = _EMPTY
-        self._num_tokens = 0
-        self._shared = 0
-        self._key = None
-        self._refused = False
+            freed = host.evict_blocks(found[self._shared :]) if len(found) > self._shared else 0
+        self._hashes, self._pending, self._num_tokens, self._shared = [], _EMPTY, 0, 0
+        self._key, self._refused = None, False
         return freed
 
     # ------------------------------------------------------------------ internals
