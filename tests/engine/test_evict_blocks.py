@@ -180,3 +180,37 @@ def test_removal_events_are_emitted(engine: str) -> None:
     removed = [e for e in allocator.take_events() if type(e).__name__ == "BlockRemoved"]
     assert len(removed) == 1
     assert len(removed[0].block_hashes) == 2
+
+
+class _RaisesOnInsert(policies.LRUPolicy):
+    """LRU whose ``insert`` raises once armed (before changing anything)."""
+
+    armed = False
+
+    def insert(self, *args: Any, **kwargs: Any) -> None:
+        if self.armed:
+            raise RuntimeError("injected")
+        super().insert(*args, **kwargs)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_policy_that_raises_midway_leaves_everything_as_it_was(
+    engine: str, digest: Callable[[KVBlockAllocator], Any]
+) -> None:
+    """The exposed parent's insert raises after the tail left the registry (natively: after
+    the engine's first writes): the transaction takes every change back."""
+    if engine == "native" and not native_available():
+        pytest.skip("the native engine is not built")
+    policy = _RaisesOnInsert()
+    allocator = KVBlockAllocator(
+        total_count=10, block_size_tokens=2, device="cpu", engine=engine, eviction_policy=policy
+    )
+    chain = _cached_chain(allocator, [1, 2, 3])
+    before = digest(allocator)
+    policy.armed = True
+    with pytest.raises(RuntimeError, match="injected"):
+        allocator.evict_blocks([chain[2]])
+    assert digest(allocator) == before
+    policy.armed = False
+    allocator.check_invariants()
+    assert allocator.end_conversation([1, 2, 3]) == 3
