@@ -17,6 +17,8 @@ Usage, from the repository root::
 
     python benchmarks/bench_conversation_end.py  # test side (seed 2), lru and auto
     python benchmarks/bench_conversation_end.py --side train --requests 800
+    python benchmarks/bench_conversation_end.py --in-flight 16  # the concurrent loop (as
+    # prefixcache compare --concurrency 16), ends off/on, queue hints off and on
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from bench_policy_split import capacities
 
 from prefixcache import KVBlockAllocator
 from prefixcache.reference.trace import TraceRequest, trace_block_hashes
-from prefixcache.tools.replay import OPTIMUM_POLICY, replay
+from prefixcache.tools.replay import OPTIMUM_POLICY, replay, replay_concurrent
 from prefixcache.tools.workloads import split
 
 
@@ -76,14 +79,82 @@ def hit_rate(requests: Sequence[TraceRequest], capacity: int, policy: str, ends:
     return hits / total if total else 0.0
 
 
+def concurrent_hit_rate(
+    requests: Sequence[TraceRequest],
+    capacity: int,
+    policy: str,
+    ends: bool,
+    in_flight: int,
+    hints: bool,
+) -> float:
+    """``replay_concurrent``'s hit rate, with ``end_conversation`` after a last turn finishes
+    (the loop's ``_finish`` wrapped for the call: the same loop and settings otherwise)."""
+    from prefixcache.reference import sim as loop
+
+    chains = [np.array(trace_block_hashes(r.hash_ids), dtype=np.int64) for r in requests]
+    last = {index for index, flag in enumerate(last_turns(chains)) if flag} if ends else set()
+    original = loop.DynamicBatchingSim._finish
+
+    def finish(self: Any) -> int:
+        ending = [
+            list(s.block_hashes)
+            for s in self._running
+            if s.is_finished and s.request.request_id in last
+        ]
+        num_finished = original(self)
+        for hashes in ending:  # its prompt and the decode blocks it registered
+            self.allocator.end_conversation(hashes)
+        return num_finished
+
+    loop.DynamicBatchingSim._finish = finish  # type: ignore[method-assign]
+    try:
+        return replay_concurrent(
+            requests, capacity, policy, max_requests=in_flight, queue_hints=hints
+        ).hit_rate
+    finally:
+        loop.DynamicBatchingSim._finish = original  # type: ignore[method-assign]
+
+
+def main_concurrent(args: argparse.Namespace, seed: int, names: Sequence[str]) -> int:
+    """The concurrent loop's table: ends off/on, queue hints off and on."""
+    print(
+        f"{args.side} side (seed {seed}), {args.requests} requests, mid capacity, "
+        f"at most {args.in_flight} in flight, 50 ms a step"
+    )
+    print("\n| trace | policy | ends off | ends on | hints, ends off | hints, ends on |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for family in split.CHAT_FAMILIES:
+        requests = split.load_trace(family, seed, args.requests)
+        capacity = capacities(requests)["mid"]
+        best = replay_concurrent(requests, capacity, OPTIMUM_POLICY, max_requests=args.in_flight)
+        for name in names:
+            cells = []
+            for hints in (False, True):
+                for ends in (False, True):
+                    rate = concurrent_hit_rate(
+                        requests, capacity, name, ends, args.in_flight, hints
+                    )
+                    cells.append(f"{rate:.3f} ({rate / best.hit_rate:.2f})")
+            print(
+                f"| `{family}` {capacity:,} blocks, optimum {best.hit_rate:.3f} | {name} | "
+                + " | ".join(cells)
+                + " |",
+                flush=True,
+            )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=("test", "train"), default="test")
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--policies", default="lru,auto")
+    parser.add_argument("--in-flight", type=int, default=0, help="N > 0: the concurrent loop")
     args = parser.parse_args(argv)
     seed = split.TEST_SEED if args.side == "test" else split.TRAIN_SEEDS[0]
     names = args.policies.split(",")
+    if args.in_flight:
+        return main_concurrent(args, seed, names)
     print(f"{args.side} side (seed {seed}), {args.requests} requests, mid capacity, sequential")
     print(
         "\n| trace | optimum | last turns | "
