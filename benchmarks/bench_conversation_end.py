@@ -17,8 +17,12 @@ Usage, from the repository root::
 
     python benchmarks/bench_conversation_end.py  # test side (seed 2), lru and auto
     python benchmarks/bench_conversation_end.py --side train --requests 800
-    python benchmarks/bench_conversation_end.py --in-flight 16  # the concurrent loop (as
-    # prefixcache compare --concurrency 16), ends off/on, queue hints off and on
+    PREFIXCACHE_ENGINE=python python benchmarks/bench_conversation_end.py --in-flight 16
+
+``--in-flight N`` runs the concurrent loop (``replay_concurrent``, as ``prefixcache compare
+--concurrency N``), ends off and on, queue hints off and on. It needs the Python engine:
+``replay_concurrent``'s ``belady`` reads ``allocator.registry``, which the native engine
+(now chosen for Python policy objects too) refuses with EngineMismatchError.
 """
 
 from __future__ import annotations
