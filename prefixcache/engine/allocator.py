@@ -83,9 +83,9 @@ class KVBlockAllocator(
       :meth:`get_active_used`, :meth:`get_paused_used`, :meth:`get_active_avail`,
       :meth:`get_paused_avail`, :meth:`get_evictable_block_count`.
     - Eviction and time: :meth:`update_timestamps`, :meth:`advance_clock`,
-      :meth:`evict_cached_blocks`, :meth:`evict_lru_blocks`.
+      :meth:`evict_cached_blocks`, :meth:`evict_lru_blocks`, :meth:`evict_blocks`.
     - Scheduler hints: :meth:`hint_upcoming`, :meth:`withdraw_hint`,
-      :meth:`set_hint_limit` (DESIGN.md, "Scheduler hints").
+      :meth:`set_hint_limit`, :meth:`end_conversation` (DESIGN.md, "Scheduler hints").
     - MoE routing: :meth:`store_routing_per_block`, :meth:`store_block_routing`,
       :meth:`get_block_routing`, :meth:`reconstruct_routing_from_blocks`.
     - Introspection: :meth:`stats`, :meth:`check_invariants`, :meth:`reset`,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from prefixcache.engine.block_ids import BlockIdsLike, to_block_ids
 from prefixcache.engine.core import EngineCore
 from prefixcache.engine.prefix_hashing import to_hash_list
@@ -37,6 +39,7 @@ class ClockMethods:
     _max_hash: int
     _track_changes: bool
     num_usable: int
+    enable_prefix_caching: bool
     policy: EvictionPolicy
 
     def _sync_collaborators(self) -> None:
@@ -119,6 +122,54 @@ class ClockMethods:
         if self._track_changes:
             self._sync_collaborators()
         return int(num_freed)
+
+    def evict_blocks(self, block_ids: BlockIdsLike) -> int:
+        """Free the cached leaves among ``block_ids``, tail-first under the leaf rule.
+
+        Walks the IDs from the end: a block that is cached (no reference,
+        registered) and a leaf (no registered child) leaves the policy and the
+        registry and is freed; its parent may then become a leaf in turn (so a
+        chain given in order is eaten from its end). Referenced, unregistered
+        and non-leaf blocks are skipped, not refused: a prefix another chain
+        still hangs off stays. Counted in ``stats()``'s evictions; removal
+        events are emitted as for eviction.
+
+        Returns:
+            How many blocks were freed.
+
+        Raises:
+            InvalidTensorError, InvalidBlockIdError: malformed IDs (the dummy
+                block included). Nothing changes.
+
+        Complexity: O(k) plus O(log n) policy work per freed block.
+        """
+        ids = to_block_ids(block_ids, self.num_usable)
+        num_freed = self._engine.evict_blocks(ids) if ids.size else 0
+        if num_freed and self._track_changes:
+            self._sync_collaborators()
+        return int(num_freed)
+
+    def end_conversation(self, block_hashes: Any) -> int:
+        """A conversation ended: free the cached end of its chain (``evict_blocks``).
+
+        Looks the chained hashes up (the hit counters do not move) and frees
+        the cached leaves of the longest registered prefix, tail-first. Blocks
+        still referenced, and a shared prefix that another chain hangs off,
+        stay. With prefix caching off nothing is cached: returns 0.
+
+        Returns:
+            How many blocks were freed.
+
+        Raises:
+            InvalidTensorError, InvalidArgumentError: malformed hashes. Nothing changes.
+
+        Complexity: O(len(block_hashes)) lookups, then as ``evict_blocks``.
+        """
+        hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
+        if not hashes or not self.enable_prefix_caching:
+            return 0
+        ids = self._engine.lookup(hashes).astype(np.intp)
+        return self.evict_blocks(ids) if len(ids) else 0
 
     def evict_lru_blocks(self, num_blocks: int) -> bool:
         """Megatron-core's name: evict ``num_blocks`` cached blocks, all or none.

@@ -254,6 +254,18 @@ class EngineCore(Protocol):
         """Evict up to ``num_blocks`` cached blocks through the policy; how many were freed."""
         ...
 
+    def evict_blocks(self, block_ids: np.ndarray) -> int:
+        """Free the cached leaves among ``block_ids`` (valid IDs), tail-first; how many.
+
+        Walks the IDs from the end: a cached leaf (registered, unreferenced,
+        no registered child) leaves the policy (``discard``) and the registry
+        and is freed, and its parent, left a cached leaf, joins the policy as
+        after an eviction (pins' stamps handed down), unless it is the walk's
+        next ID. Other blocks are skipped. Counted as evictions (the sessions'
+        structure key sees them). DESIGN.md, "Scheduler hints".
+        """
+        ...
+
     def set_retention(self, block_hashes: list[int], priority: int, expires_at: int | None) -> None:
         """Give each hash retention ``priority`` until ``expires_at`` in the policy, all or none.
 

@@ -160,6 +160,62 @@ class EvictionPlanner:
                         insert(parent_id)
         return freed, dropped
 
+    def plan_blocks(self, block_ids: list[int], journal: PolicyJournal) -> list[int]:
+        """Plan freeing the cached leaves among ``block_ids``, tail-first (``evict_blocks``).
+
+        Walks the IDs from the end. A block that is a cached leaf once the
+        plan's removals apply (registered, unreferenced, childless) is taken
+        out of the policy (``discard``, as a hit takes a leaf out) and freed;
+        its parent, left a cached leaf, is told to the policy as eviction
+        tells it (after the pins' hand-down), unless it is the next ID of the
+        walk: then it goes next without entering the policy. Any other block
+        (referenced, unregistered, not a leaf, a repeat) is skipped.
+
+        Returns:
+            The blocks to free (and deregister), each childless at its turn.
+
+        Complexity: O(len(block_ids)) plus O(log n) policy work per freed block.
+        """
+        freed: list[int] = []
+        self._handed = []
+        pin_pending = self._refs.pin_pending
+        gone: set[int] = set()
+        lost_children: dict[int, int] = {}
+        registry = self._registry
+        is_registered, num_children, parent_of = (
+            registry.is_registered,
+            registry.num_children,
+            registry.parent_of,
+        )
+        active, paused = self._active_refs, self._paused_refs
+        held_back = ROOT  # an exposed parent that is the walk's next ID: kept from the policy
+        for index in range(len(block_ids) - 1, -1, -1):
+            block_id = block_ids[index]
+            if (
+                block_id in gone
+                or not is_registered[block_id]
+                or active[block_id]
+                or paused[block_id]
+                or num_children[block_id] != lost_children.get(block_id, 0)
+            ):
+                continue
+            if block_id != held_back:
+                journal.discard(block_id)
+            held_back = ROOT
+            gone.add(block_id)
+            freed.append(block_id)
+            parent_id = int(parent_of[block_id])
+            if parent_id != ROOT:
+                if pin_pending[block_id]:
+                    self._hand_down(block_id, parent_id)
+                lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
+                if lost == num_children[parent_id] and not (active[parent_id] or paused[parent_id]):
+                    if index and block_ids[index - 1] == parent_id:
+                        held_back = parent_id
+                    else:
+                        journal.insert(parent_id)
+        return freed
+
     def _hand_down(self, block_id: int, parent_id: int) -> None:
         """Give ``parent_id`` the stamp (max) and pending accesses (sum) that ``block_id``'s
         pins owe it: what full references would have written on it (engine/pins.py).

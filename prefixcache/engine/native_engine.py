@@ -233,6 +233,9 @@ class NativeEngine:
     def evict(self, num_blocks: int) -> int:
         return int(self.core.evict(num_blocks))
 
+    def evict_blocks(self, block_ids: np.ndarray) -> int:
+        return int(self.core.evict_blocks(block_ids))
+
     # ------------------------------------------------------------------ chain pins (pins.py)
 
     @property

@@ -25,7 +25,8 @@ __all__ = ["PythonEvictionSteps"]
 
 
 class PythonEvictionSteps:
-    """``touch``, ``evict``, ``set_retention`` and the evicting hand-out of ``allocate``."""
+    """``touch``, ``evict``, ``evict_blocks``, ``set_retention`` and the evicting hand-out of
+    ``allocate``."""
 
     policy: EvictionPolicy
     pool: BlockPool | SortedFreeList
@@ -86,6 +87,25 @@ class PythonEvictionSteps:
         self._commit_eviction(freed, dropped)
         if self._track_changes:
             self._freed.append(np.asarray(freed, dtype=np.int32))
+        return len(freed)
+
+    def evict_blocks(self, block_ids: np.ndarray) -> int:
+        if not self.retains_unreferenced or not len(block_ids):
+            return 0
+        journal = self._journal()
+        try:
+            freed = self.planner.plan_blocks(block_ids.tolist(), journal)
+            if freed:
+                self.pool.release(np.asarray(freed, dtype=np.int32))
+        except BaseException:
+            self.planner.undo_hand_downs()
+            journal.rollback()
+            raise
+        journal.commit()
+        if freed:
+            self._commit_eviction(freed, freed)
+            if self._track_changes:
+                self._freed.append(np.asarray(freed, dtype=np.int32))
         return len(freed)
 
     def set_retention(self, block_hashes: list[int], priority: int, expires_at: int | None) -> None:

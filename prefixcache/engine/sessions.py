@@ -80,6 +80,8 @@ class SessionHandle(Protocol):
 
     def release(self) -> None: ...
 
+    def end(self) -> int: ...
+
 
 class SessionMethods:
     """Adds :meth:`open_session` to the allocator facade, and what sessions check against."""
@@ -186,6 +188,7 @@ class Session:
         self._key: tuple[int, int, int] | None = None  # structure key at the last release
         self._refused = False  # a registration of this turn was refused (hash held elsewhere)
         self._pinned = 0  # the running turn's pinned chain length (0: full references)
+        self._shared = 0  # blocks the first turn hit (maybe shared prefixes): end() keeps them
         # Pins where the engine allows them (a caching policy that reads no held counts and
         # hears of no hit) and no collaborator watches (events and routing see releases).
         engine_can_pin = bool(getattr(host._engine, "can_pin", False))
@@ -293,6 +296,8 @@ class Session:
             self._ids[:base] = context
         self._ids[base:num_hit] = later
         self._ids[num_hit:num_blocks] = new
+        if not known:
+            self._shared = num_hit
         self._hashes.extend(new_hashes)
         self._num_tokens = num_tokens
         self._pending = prompt[len(new_hashes) * size :].copy()
@@ -379,6 +384,21 @@ class Session:
         # block, which the release just freed); otherwise it looks the chain up again.
         self._key = after if before == after and not self._refused else None
         self._refused = False
+
+    def end(self) -> int:
+        """The conversation ended: free its cached blocks after the first turn's hits (maybe
+        shared prefixes) through ``evict_blocks`` (tail-first, looked up: no hit counted);
+        the session starts over. Returns how many were freed. Raises BlockStateError (nothing
+        changes) while a turn runs. Complexity: O(context) lookups, O(log n) a freed block."""
+        if self._num_held:
+            raise BlockStateError("a turn of this session is running; release() it first")
+        host, freed = self._host, 0
+        if host.enable_prefix_caching and len(self._hashes) > self._shared:
+            found = host._engine.lookup(self._hashes)
+            freed = host.evict_blocks(found[self._shared :]) if len(found) > self._shared else 0
+        self._hashes, self._pending, self._num_tokens, self._shared = [], _EMPTY, 0, 0
+        self._key, self._refused = None, False
+        return freed
 
     # ------------------------------------------------------------------ internals
 

@@ -122,6 +122,12 @@ class WideKeyEngine(NativeEngine):
         finally:
             self._drain()
 
+    def evict_blocks(self, block_ids: np.ndarray) -> int:
+        try:
+            return super().evict_blocks(block_ids)
+        finally:
+            self._drain()
+
     def reset(self) -> None:
         super().reset()
         super().take_changes()  # the reset's own removals: every key goes below

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from prefixcache.engine.allocator import KVBlockAllocator
-from prefixcache.errors import CapacityError
+from prefixcache.errors import BlockStateError, CapacityError
 
 __all__ = ["Twin", "as_full_references", "pins_through"]
 
@@ -78,6 +78,7 @@ class Twin:
         self.block_size = allocator.block_size_tokens
         self.tokens: list[int] = []
         self.held: list[int] = []
+        self.shared = 0  # the first turn's hits, which end() keeps
 
     @property
     def running(self) -> bool:
@@ -91,6 +92,8 @@ class Twin:
         prompt = self.tokens + tokens
         row = np.zeros(-(-len(prompt) // self.block_size), dtype=np.int32)
         num_hit = self.allocator.admit_request(prompt, row)
+        if not self.tokens:
+            self.shared = num_hit
         self.tokens, self.held = prompt, row.tolist()
         return num_hit
 
@@ -119,3 +122,13 @@ class Twin:
     def release(self) -> None:
         self.allocator.release_request(self.held)
         self.held = []
+
+    def end(self) -> int:
+        """The conversation ended: what ``Session.end`` must equal (its blocks after the
+        first turn's hits, looked up, freed where cached leaves); then start over."""
+        if self.held:
+            raise BlockStateError("a turn of this session is running; release() it first")
+        found = self.allocator._engine.lookup(self.allocator.hash_tokens(self.tokens))
+        freed = self.allocator.evict_blocks(found[self.shared :]) if len(found) > self.shared else 0
+        self.tokens, self.shared = [], 0
+        return freed

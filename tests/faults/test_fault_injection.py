@@ -317,6 +317,7 @@ def next_step(rng: random.Random, allocator: KVBlockAllocator, model: Model) -> 
             "resume",
             "evict_cached_blocks",
             "evict_lru_blocks",
+            "evict_blocks",
             "update_timestamps",
             "hash_tokens",
             "fingerprint_tokens",
@@ -430,6 +431,11 @@ def next_step(rng: random.Random, allocator: KVBlockAllocator, model: Model) -> 
     if kind in ("evict_cached_blocks", "evict_lru_blocks"):
         num = rng.randint(0, 3)
         return Step(kind, lambda a: getattr(a, kind)(num), lambda _: None)
+    if kind == "evict_blocks":  # registered blocks parents first: chains eaten tail-first
+        registry = allocator.registry
+        chosen = sorted((b for _, b in registry.items()), key=lambda b: int(registry.depth_of[b]))
+        chosen = chosen[rng.randint(0, len(chosen)) :]
+        return Step(kind, lambda a: a.evict_blocks(chosen), lambda _: None)
     if kind == "update_timestamps":
         candidates = sorted({b for _, b in allocator.registry.items()} | set(model.active))
         chosen = rng.sample(candidates, min(3, len(candidates))) if candidates else []
@@ -669,6 +675,7 @@ METHODS = [
     "allocate_memory_blocks",
     "evict_cached_blocks",
     "evict_lru_blocks",
+    "evict_blocks",
     "release_memory_blocks",
     "release_memory_blocks(paused)",
     "free_group",

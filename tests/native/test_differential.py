@@ -4,7 +4,8 @@ A hypothesis state machine drives a ``KVBlockAllocator(engine="python")``
 and a ``KVBlockAllocator(engine="native")`` with the same operations
 (allocate, release with duplicates and paused, free groups, match with and
 without acquire, acquire, register with conflicts and partial holders,
-pause/resume with budget errors, touch, retention priorities, evict, reset, advance_clock, the
+pause/resume with budget errors, touch, retention priorities, evict, evict_blocks and
+end_conversation, reset, advance_clock, the
 request path, defragmentation by plan and by random moves) and compares
 every observable after each step: the IDs returned, the exception types,
 the free stack in order, reference counts, registry lookups and chains, KV
@@ -298,6 +299,16 @@ class DifferentialMachine(RuleBasedStateMachine):
     @rule(count=st.integers(0, 4))
     def evict_all_or_none(self, count: int) -> None:
         self.both(lambda a: a.evict_lru_blocks(count))
+
+    @rule(ids=st.lists(st.integers(-1, NUM_USABLE), max_size=6))
+    def evict_blocks(self, ids: list[int]) -> None:
+        """Given blocks freed tail-first where cached leaves (the dummy and -1 refused)."""
+        self.both(lambda a: a.evict_blocks(ids))
+
+    @rule(hashes=hashes_st)
+    def end_conversation(self, hashes: list[int]) -> None:
+        """A looked-up chain, in order: each freed tail exposes the next one."""
+        self.both(lambda a: a.end_conversation(self.hs(hashes)))
 
     @rule(ticks=st.integers(0, 3))
     def advance_clock(self, ticks: int) -> None:

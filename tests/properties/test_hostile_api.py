@@ -432,6 +432,8 @@ class HostileMachine(RuleBasedStateMachine):
     def hostile_reads(self, data: st.DataObject) -> None:
         self.call("reference_counts", self.hostile_ids(data, "ids"))
         self.call("update_timestamps", self.hostile_ids(data, "ids"))
+        self.call("evict_blocks", self.hostile_ids(data, "ids"))
+        self.call("end_conversation", self.hostile_hashes(data, "hashes"))
         self.call("is_hash_registered", data.draw(hostile_scalar, label="hash"))
         self.call("get_block_routing", data.draw(hostile_scalar, label="block"))
 

@@ -146,6 +146,8 @@ class Engine {
   void move(const int32_t* ids, size_t count, bool to_paused);
   void touch(const int32_t* ids, size_t count);
   int64_t evict(int64_t num_blocks);
+  /// Free the cached leaves among ids, tail-first (engine_evict_blocks.cpp); how many.
+  int64_t evict_blocks(const int32_t* ids, size_t count);
   int32_t active_refs(int32_t block_id) const noexcept { return active_[block_id]; }
   int32_t paused_refs(int32_t block_id) const noexcept { return paused_[block_id]; }
   const char* describe_state(int32_t block_id) const noexcept;

@@ -360,6 +360,8 @@ PyMethodDef g_methods[] = {
      "relocate(sources, destinations, check_only=False): move each source's state to its "
      "free destination (check_only: only refuse what relocate would)"},
     {"evict", ENTER(engine_evict), METH_O, "evict(num_blocks) -> number freed"},
+    {"evict_blocks", ENTER(engine_evict_blocks), METH_O,
+     "evict_blocks(block_ids) -> number of cached leaves freed, tail-first"},
     {"advance_clock", ENTER(engine_advance_clock), METH_O, "advance_clock(ticks) -> clock"},
     {"reference_counts", ENTER(engine_reference_counts), METH_O,
      "reference_counts(block_ids) -> (active, paused)"},

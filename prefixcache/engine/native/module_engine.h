@@ -98,6 +98,7 @@ FASTCALL(engine_move);
 FASTCALL(engine_relocate);
 PyObject* engine_touch(PyObject* py_self, PyObject* arg);
 PyObject* engine_evict(PyObject* py_self, PyObject* arg);
+PyObject* engine_evict_blocks(PyObject* py_self, PyObject* arg);
 PyObject* engine_set_retention(PyObject* py_self, PyObject* args);
 PyObject* engine_has_retention(PyObject* py_self, PyObject*);
 PyObject* engine_advance_clock(PyObject* py_self, PyObject* arg);

@@ -75,6 +75,16 @@ PyObject* engine_evict(PyObject* py_self, PyObject* arg) {
   return PyLong_FromLongLong(freed);
 }
 
+PyObject* engine_evict_blocks(PyObject* py_self, PyObject* arg) {
+  EngineObject* self = self_of(py_self);
+  if (!ready(self) || !native_parse_ids(arg, self->engine->num_usable(), *self->ids, "block_ids")) {
+    return nullptr;
+  }
+  int64_t freed = 0;
+  GUARD(freed = self->engine->evict_blocks(self->ids->data(), self->ids->size());)
+  return PyLong_FromLongLong(freed);
+}
+
 PyObject* engine_set_retention(PyObject* py_self, PyObject* args) {
   EngineObject* self = self_of(py_self);
   long long block_hash, priority;

@@ -139,6 +139,24 @@ PyObject* session_release(PyObject* py_self, PyObject*) {
   Py_RETURN_NONE;
 }
 
+PyObject* session_end(PyObject* py_self, PyObject*) {
+  SessionObject* self = session_of(py_self);
+  if (!self->engine) return not_initialised();
+  CallGuard guard(&self->engine->busy);
+  if (!guard.admitted()) return nullptr;
+  Engine* engine = engine_of(self);
+  if (!engine) return nullptr;
+  int64_t freed = 0;
+  try {
+    freed = self->state->end(*engine);
+  } catch (const EngineError& error) {
+    return native_raise(error.kind, error.message);
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  }
+  return PyLong_FromLongLong(freed);
+}
+
 // Getters read the state only (no engine call): no guard needed.
 PyObject* session_read(PyObject* py_self, int which) {
   SessionObject* self = session_of(py_self);
@@ -179,6 +197,8 @@ PyMethodDef g_session_methods[] = {
     {"admit", session_admit, METH_O, "admit(tokens) -> blocks served from the cache"},
     {"append", session_append, METH_O, "append(tokens): decoded tokens of the running turn"},
     {"release", session_release, METH_NOARGS, "release(): end the running turn"},
+    {"end", session_end, METH_NOARGS,
+     "end() -> blocks freed: the conversation ended; free its own cached blocks, start over"},
     {nullptr, nullptr, 0, nullptr},
 };
 

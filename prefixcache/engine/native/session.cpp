@@ -131,6 +131,7 @@ int64_t SessionState::admit(Engine& engine, int64_t epoch, const int32_t* tokens
   engine.allocate(needed, ids_.data() + num_hit);  // room was checked
   const size_t num_full = known + new_hashes_.size();
   if (num_full > num_hit) register_run(engine, num_hit, num_full - num_hit, chain_run(num_hit, num_full));
+  if (known == 0) shared_ = num_hit;  // the first turn's hits: kept by end()
   hashes_.insert(hashes_.end(), new_hashes_.begin(), new_hashes_.end());
   num_tokens_ = static_cast<int64_t>(num_tokens);
   pending_.assign(prompt + new_hashes_.size() * size, prompt + prompt_length);
@@ -192,6 +193,26 @@ void SessionState::release(Engine& engine, int64_t epoch) {
   has_key_ = before == after && !refused_;
   key_ = after;
   refused_ = false;
+}
+
+int64_t SessionState::end(Engine& engine) {
+  // The blocks after the first turn's hits, looked up (the hit counters do not move),
+  // freed where they are cached leaves, tail-first (Engine::evict_blocks); then the
+  // session starts over. The Python Session.end is the reference.
+  expect_running(false);
+  int64_t freed = 0;
+  if (engine.retains_unreferenced() && hashes_.size() > shared_) {
+    context_.resize(hashes_.size());
+    const size_t found = engine.lookup(hashes_.data(), hashes_.size(), context_.data());
+    if (found > shared_) freed = engine.evict_blocks(context_.data() + shared_, found - shared_);
+  }
+  hashes_.clear();
+  pending_.clear();
+  num_tokens_ = 0;
+  shared_ = 0;
+  has_key_ = false;
+  refused_ = false;
+  return freed;
 }
 
 }  // namespace prefixcache

@@ -47,6 +47,9 @@ class SessionState {
   /// End the running turn: drop its references; remember the structure key.
   void release(Engine& engine, int64_t epoch);
 
+  /// The conversation ended (no turn running): free the cached leaves among the blocks
+  /// after the first turn's hits, tail-first; the session starts over. Returns how many.
+  int64_t end(Engine& engine);
   /// Throws BlockStateError unless a turn runs (``running``) or none does: what admit
   /// (false) and append (true) check first, before their tokens are read.
   void expect_running(bool running) const;
@@ -85,6 +88,7 @@ class SessionState {
   int64_t num_tokens_ = 0;
   size_t num_held_ = 0;  // blocks the running turn references (0: idle)
   size_t pinned_ = 0;    // the running turn's pinned chain length (0: full references)
+  size_t shared_ = 0;    // blocks the first turn hit (maybe shared prefixes): end() keeps them
   bool has_key_ = false;  // key_ holds the structure key at the last release
   StructureKey key_;
   bool refused_ = false;  // a registration of this turn was refused (hash held elsewhere)
