@@ -17,12 +17,12 @@ Usage, from the repository root::
 
     python benchmarks/bench_conversation_end.py  # test side (seed 2), lru and auto
     python benchmarks/bench_conversation_end.py --side train --requests 800
-    PREFIXCACHE_ENGINE=python python benchmarks/bench_conversation_end.py --in-flight 16
+    python benchmarks/bench_conversation_end.py --in-flight 16
 
 ``--in-flight N`` runs the concurrent loop (``replay_concurrent``, as ``prefixcache compare
---concurrency N``), ends off and on, queue hints off and on. It needs the Python engine:
-``replay_concurrent``'s ``belady`` reads ``allocator.registry``, which the native engine
-(now chosen for Python policy objects too) refuses with EngineMismatchError.
+--concurrency N``), ends off and on, queue hints off and on (the loop's ``belady`` runs on
+the Python engine: its oracle reads block hashes from inside the policy's calls). The
+results file was taken with ``PREFIXCACHE_ENGINE=python``, which was needed before that.
 """
 
 from __future__ import annotations

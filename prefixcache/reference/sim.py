@@ -167,6 +167,7 @@ class DynamicBatchingSim(_RequestQueues):
                 device=config.device,
                 kv_events_capacity=config.kv_events_capacity,
                 enable_prefix_caching=config.enable_prefix_caching,
+                engine=config.engine,
                 # Model mode: one MoE layer's top-k experts per token, stored per block.
                 routing_num_layers=None if model is None else 1,
                 routing_top_k=None if model is None else model.config.top_k,

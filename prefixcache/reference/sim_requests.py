@@ -159,6 +159,7 @@ class SimConfig:
         queue_hints: protect the cached prefix of each waiting request while it
             waits (``allocator.hint_upcoming`` on arrival and requeue,
             ``withdraw_hint`` once admitted; DESIGN.md, "Scheduler hints").
+        engine: the allocator's engine (``"auto"``, ``"native"``, ``"python"``).
     """
 
     total_count: int = 1024
@@ -174,6 +175,7 @@ class SimConfig:
     enable_prefix_caching: bool = True
     record_logits: bool = False
     queue_hints: bool = False
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
         for name in (

@@ -373,6 +373,9 @@ def replay_concurrent(
             step_token_budget=step_token_budget,
             device="cpu",
             queue_hints=queue_hints and oracle is None,
+            # The oracle reads block hashes from inside the policy's calls, which the
+            # native engine refuses as re-entrant: the optimum runs on the Python engine.
+            engine="auto" if oracle is None else "python",
         )
     )
     if oracle is not None:

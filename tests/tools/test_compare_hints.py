@@ -27,6 +27,17 @@ def _trace() -> list[TraceRequest]:
     return requests
 
 
+def test_the_optimum_runs_concurrently_on_either_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    saved = {}
+    for engine in ("python", "auto"):
+        monkeypatch.setenv("PREFIXCACHE_ENGINE", engine)
+        saved[engine] = replay_concurrent(
+            _trace(), capacity=20, policy="belady", max_requests=1
+        ).tokens_saved
+    lru = replay_concurrent(_trace(), capacity=20, policy="lru", max_requests=1).tokens_saved
+    assert saved["python"] == saved["auto"] >= lru
+
+
 def test_queue_hints_raise_the_hits_of_a_queued_repeat() -> None:
     off = replay_concurrent(_trace(), capacity=20, policy="lru", max_requests=1)
     on = replay_concurrent(_trace(), capacity=20, policy="lru", max_requests=1, queue_hints=True)
