@@ -149,6 +149,7 @@ def test_every_engine_method_leaves_its_arguments_refcounts_as_they_were() -> No
         ("describe_state", (2,)),
         ("relocate", (ids, np.array([20, 21], dtype=np.int32))),
         ("evict", (1,)),
+        ("evict_blocks", (ids,)),
         ("advance_clock", (1,)),
         ("hash_tokens", (tokens,)),
         ("admit_request", (tokens, row)),
@@ -160,6 +161,7 @@ def test_every_engine_method_leaves_its_arguments_refcounts_as_they_were() -> No
         ("memory_bytes", ()),
         ("release", (bad,)),
         ("lookup", (bad,)),
+        ("evict_blocks", (bad,)),
         ("admit_request", (bad, row)),
     ]
     methods = {name for name in dir(_native.Engine) if not name.startswith("_")}
