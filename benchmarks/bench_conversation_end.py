@@ -12,10 +12,12 @@ Three columns a policy:
   after each request the family marks ``ends_conversation`` (the last turn of a
   conversation its client closed; abandoned chats and conversations still open at the
   trace's end are not marked). This is the real signal, what a client can say;
-- **inferred**: the same with the marks replaced by inferred ones: a request is a last
-  turn when no later request's chain holds its last block's hash (chained hashes: a
-  later turn extends the whole prompt). That adds abandoned chats and every
-  conversation the trace cuts off, which no client signal gives: an upper bound.
+- **ended**: the marks replaced by every conversation that really ended: a request whose
+  last block's hash no later request of a trace twice as long holds (chained hashes: a
+  later turn extends the whole prompt). That adds the abandoned chats, which no client
+  signal gives, but not the conversations the trace cuts off (they go on after it);
+- **inferred**: the same inference on the trace itself, which adds every conversation
+  still open at its end: the upper bound (the optimum knows those never come back too).
 
 The optimum (``belady``, no ends: it knows the future already) is the replay's.
 
@@ -40,7 +42,7 @@ from prefixcache.reference.trace import TraceRequest, trace_block_hashes
 from prefixcache.tools.replay import OPTIMUM_POLICY, replay, replay_concurrent
 from prefixcache.tools.workloads import split
 
-MODES = ("off", "marks", "inferred")
+MODES = ("off", "marks", "ended", "inferred")
 
 
 def last_turns(requests: Sequence[TraceRequest]) -> list[bool]:
@@ -53,19 +55,33 @@ def last_turns(requests: Sequence[TraceRequest]) -> list[bool]:
     return [bool(chain) and last_use[chain[-1]] == i for i, chain in enumerate(chains)]
 
 
-def inferred(requests: Sequence[TraceRequest]) -> list[TraceRequest]:
-    """The trace with its marks replaced by the inferred last turns (:func:`last_turns`)."""
+def marked(requests: Sequence[TraceRequest], flags: Sequence[bool]) -> list[TraceRequest]:
+    """The trace with its marks replaced by ``flags``."""
     return [
         replace(request, ends_conversation=flag)
-        for request, flag in zip(requests, last_turns(requests), strict=True)
+        for request, flag in zip(requests, flags, strict=True)
     ]
 
 
+def ended(family: str, seed: int, requests: Sequence[TraceRequest]) -> list[bool]:
+    """Per request: its conversation ends with it, judged on the trace twice as long.
+
+    The longer trace's first requests have the same hash IDs (its other fields may
+    differ: the log-normal families draw lengths after every turn); checked.
+    """
+    longer = split.load_trace(family, seed, 2 * len(requests))
+    assert [r.hash_ids for r in longer[: len(requests)]] == [r.hash_ids for r in requests]
+    return last_turns(longer)[: len(requests)]
+
+
 def rates(
-    requests: Sequence[TraceRequest], capacity: int, policy: str, in_flight: int, hints: bool
+    traces: dict[str, list[TraceRequest]],
+    capacity: int,
+    policy: str,
+    in_flight: int,
+    hints: bool,
 ) -> list[float]:
-    """The hit rate off, with the trace's marks, and with the inferred ends (:data:`MODES`)."""
-    traces = {"off": requests, "marks": requests, "inferred": inferred(requests)}
+    """The hit rate with each of :data:`MODES` (``traces``: the trace each mode replays)."""
     out = []
     for mode in MODES:
         ends = mode != "off"
@@ -95,10 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = args.policies.split(",")
     loop = f"at most {args.in_flight} in flight, 50 ms a step" if args.in_flight else "sequential"
     print(f"{args.side} side (seed {seed}), {args.requests} requests, mid capacity, {loop}")
-    print("share of the optimum in brackets; marks: the trace's, inferred: the upper bound")
+    print("share of the optimum in brackets; marks: the trace's; ended: marks and abandoned")
+    print("chats; inferred: those and the conversations the trace cuts off (the upper bound)")
     hint_modes = (False, True) if args.in_flight else (False,)
     header = " | ".join(f"{h}{m}" for h in ("", "hints, ")[: len(hint_modes)] for m in MODES)
-    print(f"\n| trace | optimum | marked / inferred | policy | {header} |")
+    print(f"\n| trace | optimum | marks / ended / inferred | policy | {header} |")
     columns = " | ".join("---:" for _ in hint_modes for _ in MODES)
     print(f"| --- | ---: | ---: | --- | {columns} |")
     for family in split.CHAT_FAMILIES:
@@ -109,17 +126,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.in_flight
             else replay(requests, capacity, OPTIMUM_POLICY)
         )
-        marked = sum(request.ends_conversation for request in requests)
+        last = last_turns(requests)
+        long_last = ended(family, seed, requests)
+        traces = {
+            "off": requests,
+            "marks": requests,
+            "ended": marked(requests, long_last),
+            "inferred": marked(requests, last),
+        }
+        counts = " / ".join(
+            str(sum(r.ends_conversation for r in traces[mode])) for mode in MODES[1:]
+        )
         for name in names:
             start = time.perf_counter()
             cells = [
                 f"{rate:.3f} ({rate / best.hit_rate:.2f})" if best.hit_rate else f"{rate:.3f}"
                 for hints in hint_modes
-                for rate in rates(requests, capacity, name, args.in_flight, hints)
+                for rate in rates(traces, capacity, name, args.in_flight, hints)
             ]
             print(
                 f"| `{family}` {capacity:,} blocks | {best.hit_rate:.3f} | "
-                f"{marked} / {sum(last_turns(requests))} | {name} | "
+                f"{counts} | {name} | "
                 + " | ".join(cells)
                 + f" |  <!-- {time.perf_counter() - start:.0f} s -->",
                 flush=True,
