@@ -1,28 +1,31 @@
 """A conversation's end (``end_conversation``): each policy's share of the optimum, off and on.
 
 Replays the chat families of the train/test split
-(:mod:`prefixcache.tools.workloads.split`) one request at a time, as
-:func:`prefixcache.tools.replay.replay` does (look up, insert, release, trim
-to capacity), at mid capacity (10% of the trace's distinct blocks, as
-``bench_policy_split.py``). With ends on, after a request that is its
-conversation's last turn the replay calls ``end_conversation`` on its chain.
-The traces do not mark last turns, so this script infers them: a request is
-its conversation's last turn when no later request's chain holds its last
-block's hash (chained hashes: a later turn of the same conversation extends
-the whole prompt). That is what a client that closes its chat would say; an
-abandoned chat would not say it, so these are upper bounds for that part.
+(:mod:`prefixcache.tools.workloads.split`) at mid capacity (10% of the trace's
+distinct blocks, as ``bench_policy_split.py``), one request at a time
+(:func:`prefixcache.tools.replay.replay`), or with ``--in-flight N`` through the
+concurrent loop (``replay_concurrent``, as ``prefixcache compare --concurrency N``).
+Three columns a policy:
+
+- **off**: no ends;
+- **marks**: ``conversation_ends=True`` on the trace as generated: ``end_conversation``
+  after each request the family marks ``ends_conversation`` (the last turn of a
+  conversation its client closed; abandoned chats and conversations still open at the
+  trace's end are not marked). This is the real signal, what a client can say;
+- **ended**: the marks replaced by every conversation that really ended: a request whose
+  last block's hash no later request of a trace twice as long holds (chained hashes: a
+  later turn extends the whole prompt). That adds the abandoned chats, which no client
+  signal gives, but not the conversations the trace cuts off (they go on after it);
+- **inferred**: the same inference on the trace itself, which adds every conversation
+  still open at its end: the upper bound (the optimum knows those never come back too).
+
 The optimum (``belady``, no ends: it knows the future already) is the replay's.
 
 Usage, from the repository root::
 
     python benchmarks/bench_conversation_end.py  # test side (seed 2), lru and auto
     python benchmarks/bench_conversation_end.py --side train --requests 800
-    python benchmarks/bench_conversation_end.py --in-flight 16
-
-``--in-flight N`` runs the concurrent loop (``replay_concurrent``, as ``prefixcache compare
---concurrency N``), ends off and on, queue hints off and on (the loop's ``belady`` runs on
-the Python engine: its oracle reads block hashes from inside the policy's calls). The
-results file was taken with ``PREFIXCACHE_ENGINE=python``, which was needed before that.
+    python benchmarks/bench_conversation_end.py --in-flight 16  # with queue hints off and on
 """
 
 from __future__ import annotations
@@ -31,121 +34,70 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
 
-import numpy as np
 from bench_policy_split import capacities
 
-from prefixcache import KVBlockAllocator
 from prefixcache.reference.trace import TraceRequest, trace_block_hashes
 from prefixcache.tools.replay import OPTIMUM_POLICY, replay, replay_concurrent
 from prefixcache.tools.workloads import split
 
+MODES = ("off", "marks", "ended", "inferred")
 
-def last_turns(chains: Sequence[np.ndarray]) -> list[bool]:
+
+def last_turns(requests: Sequence[TraceRequest]) -> list[bool]:
     """Per request: whether no later request's chain holds its last block's hash."""
+    chains = [trace_block_hashes(request.hash_ids) for request in requests]
     last_use: dict[int, int] = {}
     for index, chain in enumerate(chains):
-        for block_hash in chain.tolist():
+        for block_hash in chain:
             last_use[block_hash] = index
-    return [bool(len(chain)) and last_use[int(chain[-1])] == i for i, chain in enumerate(chains)]
+    return [bool(chain) and last_use[chain[-1]] == i for i, chain in enumerate(chains)]
 
 
-def hit_rate(requests: Sequence[TraceRequest], capacity: int, policy: str, ends: bool) -> float:
-    """The sequential replay's hit rate, with ``end_conversation`` after last turns or not."""
-    chains = [np.array(trace_block_hashes(r.hash_ids), dtype=np.int64) for r in requests]
-    ending = last_turns(chains)
-    longest = max(len(chain) for chain in chains)
-    allocator = KVBlockAllocator(
-        total_count=capacity + longest + 1,
-        block_size_tokens=16,
-        eviction_policy=policy,
-        device="cpu",
-    )
-    hits = total = 0
-    for hashes, last in zip(chains, ending, strict=True):
-        hit_ids = allocator.match_prefix(hashes, acquire=True)
-        num_hit = len(hit_ids)
-        fresh = allocator.allocate_memory_blocks(len(hashes) - num_hit)
-        assert fresh is not None
-        if len(fresh):
-            parent = int(hashes[num_hit - 1]) if num_hit else None
-            allocator.register_kv_block_hashes(fresh, hashes[num_hit:], parent_hash=parent)
-            allocator.release_memory_blocks(fresh)
-        allocator.release_memory_blocks(hit_ids)
-        if ends and last:
-            allocator.end_conversation(hashes)
-        excess = allocator.get_evictable_block_count() - capacity
-        if excess > 0:
-            allocator.evict_cached_blocks(excess)
-        hits += num_hit
-        total += len(hashes)
-    return hits / total if total else 0.0
+def marked(requests: Sequence[TraceRequest], flags: Sequence[bool]) -> list[TraceRequest]:
+    """The trace with its marks replaced by ``flags``."""
+    return [
+        replace(request, ends_conversation=flag)
+        for request, flag in zip(requests, flags, strict=True)
+    ]
 
 
-def concurrent_hit_rate(
-    requests: Sequence[TraceRequest],
+def ended(family: str, seed: int, requests: Sequence[TraceRequest]) -> list[bool]:
+    """Per request: its conversation ends with it, judged on the trace twice as long.
+
+    The longer trace's first requests have the same hash IDs (its other fields may
+    differ: the log-normal families draw lengths after every turn); checked.
+    """
+    longer = split.load_trace(family, seed, 2 * len(requests))
+    assert [r.hash_ids for r in longer[: len(requests)]] == [r.hash_ids for r in requests]
+    return last_turns(longer)[: len(requests)]
+
+
+def rates(
+    traces: dict[str, list[TraceRequest]],
     capacity: int,
     policy: str,
-    ends: bool,
     in_flight: int,
     hints: bool,
-) -> float:
-    """``replay_concurrent``'s hit rate, with ``end_conversation`` after a last turn finishes
-    (the loop's ``_finish`` wrapped for the call: the same loop and settings otherwise)."""
-    from prefixcache.reference import sim as loop
-
-    chains = [np.array(trace_block_hashes(r.hash_ids), dtype=np.int64) for r in requests]
-    last = {index for index, flag in enumerate(last_turns(chains)) if flag} if ends else set()
-    original = loop.DynamicBatchingSim._finish
-
-    def finish(self: Any) -> int:
-        ending = [
-            list(s.block_hashes)
-            for s in self._running
-            if s.is_finished and s.request.request_id in last
-        ]
-        num_finished = original(self)
-        for hashes in ending:  # its prompt and the decode blocks it registered
-            self.allocator.end_conversation(hashes)
-        return num_finished
-
-    loop.DynamicBatchingSim._finish = finish  # type: ignore[method-assign]
-    try:
-        return replay_concurrent(
-            requests, capacity, policy, max_requests=in_flight, queue_hints=hints
-        ).hit_rate
-    finally:
-        loop.DynamicBatchingSim._finish = original  # type: ignore[method-assign]
-
-
-def main_concurrent(args: argparse.Namespace, seed: int, names: Sequence[str]) -> int:
-    """The concurrent loop's table: ends off/on, queue hints off and on."""
-    print(
-        f"{args.side} side (seed {seed}), {args.requests} requests, mid capacity, "
-        f"at most {args.in_flight} in flight, 50 ms a step"
-    )
-    print("\n| trace | policy | ends off | ends on | hints, ends off | hints, ends on |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for family in split.CHAT_FAMILIES:
-        requests = split.load_trace(family, seed, args.requests)
-        capacity = capacities(requests)["mid"]
-        best = replay_concurrent(requests, capacity, OPTIMUM_POLICY, max_requests=args.in_flight)
-        for name in names:
-            cells = []
-            for hints in (False, True):
-                for ends in (False, True):
-                    rate = concurrent_hit_rate(
-                        requests, capacity, name, ends, args.in_flight, hints
-                    )
-                    cells.append(f"{rate:.3f} ({rate / best.hit_rate:.2f})")
-            print(
-                f"| `{family}` {capacity:,} blocks, optimum {best.hit_rate:.3f} | {name} | "
-                + " | ".join(cells)
-                + " |",
-                flush=True,
+) -> list[float]:
+    """The hit rate with each of :data:`MODES` (``traces``: the trace each mode replays)."""
+    out = []
+    for mode in MODES:
+        ends = mode != "off"
+        if in_flight:
+            result = replay_concurrent(
+                traces[mode],
+                capacity,
+                policy,
+                max_requests=in_flight,
+                queue_hints=hints,
+                conversation_ends=ends,
             )
-    return 0
+            out.append(result.hit_rate)
+        else:
+            out.append(replay(traces[mode], capacity, policy, conversation_ends=ends).hit_rate)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -157,31 +109,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seed = split.TEST_SEED if args.side == "test" else split.TRAIN_SEEDS[0]
     names = args.policies.split(",")
-    if args.in_flight:
-        return main_concurrent(args, seed, names)
-    print(f"{args.side} side (seed {seed}), {args.requests} requests, mid capacity, sequential")
-    print(
-        "\n| trace | optimum | last turns | "
-        + " | ".join(f"{n} off | {n} on" for n in names)
-        + " |"
-    )
-    print("| --- | ---: | ---: | " + " | ".join("---: | ---:" for _ in names) + " |")
+    loop = f"at most {args.in_flight} in flight, 50 ms a step" if args.in_flight else "sequential"
+    print(f"{args.side} side (seed {seed}), {args.requests} requests, mid capacity, {loop}")
+    print("share of the optimum in brackets; marks: the trace's; ended: marks and abandoned")
+    print("chats; inferred: those and the conversations the trace cuts off (the upper bound)")
+    hint_modes = (False, True) if args.in_flight else (False,)
+    header = " | ".join(f"{h}{m}" for h in ("", "hints, ")[: len(hint_modes)] for m in MODES)
+    print(f"\n| trace | optimum | marks / ended / inferred | policy | {header} |")
+    columns = " | ".join("---:" for _ in hint_modes for _ in MODES)
+    print(f"| --- | ---: | ---: | --- | {columns} |")
     for family in split.CHAT_FAMILIES:
-        start = time.perf_counter()
         requests = split.load_trace(family, seed, args.requests)
         capacity = capacities(requests)["mid"]
-        best = replay(requests, capacity, OPTIMUM_POLICY).hit_rate
-        chains = [np.array(trace_block_hashes(r.hash_ids), dtype=np.int64) for r in requests]
-        cells = []
-        for name in names:
-            for ends in (False, True):
-                rate = hit_rate(requests, capacity, name, ends)
-                cells.append(f"{rate:.3f} ({rate / best:.2f})" if best else f"{rate:.3f}")
-        print(
-            f"| `{family}` {capacity:,} blocks | {best:.3f} | {sum(last_turns(chains))} | "
-            + " | ".join(cells)
-            + f" |  <!-- {time.perf_counter() - start:.0f} s -->"
+        best = (
+            replay_concurrent(requests, capacity, OPTIMUM_POLICY, max_requests=args.in_flight)
+            if args.in_flight
+            else replay(requests, capacity, OPTIMUM_POLICY)
         )
+        last = last_turns(requests)
+        long_last = ended(family, seed, requests)
+        traces = {
+            "off": requests,
+            "marks": requests,
+            "ended": marked(requests, long_last),
+            "inferred": marked(requests, last),
+        }
+        counts = " / ".join(
+            str(sum(r.ends_conversation for r in traces[mode])) for mode in MODES[1:]
+        )
+        for name in names:
+            start = time.perf_counter()
+            cells = [
+                f"{rate:.3f} ({rate / best.hit_rate:.2f})" if best.hit_rate else f"{rate:.3f}"
+                for hints in hint_modes
+                for rate in rates(traces, capacity, name, args.in_flight, hints)
+            ]
+            print(
+                f"| `{family}` {capacity:,} blocks | {best.hit_rate:.3f} | "
+                f"{counts} | {name} | "
+                + " | ".join(cells)
+                + f" |  <!-- {time.perf_counter() - start:.0f} s -->",
+                flush=True,
+            )
     return 0
 
 

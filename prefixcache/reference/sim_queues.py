@@ -206,6 +206,10 @@ class _RequestQueues(_ModelChecks):
         with self.allocator.free_group():
             for sequence in finished:
                 self.allocator.release_memory_blocks(self.block_table.remove_request(sequence.slot))
+        if self.config.conversation_ends:  # after the group: its releases made the blocks cached
+            for sequence in finished:
+                if sequence.request.ends_conversation:
+                    self.allocator.end_conversation(sequence.block_hashes)
         if self.model is not None:
             self.outputs += [self._output_of(sequence) for sequence in finished]
         self._running = [sequence for sequence in self._running if not sequence.is_finished]

@@ -56,9 +56,13 @@ class SimRequest:
         block_hashes: chained hashes of the prompt's blocks (positive ints), or None.
         input_length: prompt length in tokens, >= 1 (derived from ``prompt_tokens``).
         arrival_step: the loop step at which the request arrives, >= 0.
+        ends_conversation: the last turn of a conversation its client ends
+            (a trace's mark); with ``SimConfig.conversation_ends`` the loop
+            calls ``allocator.end_conversation`` once it finishes.
 
     Raises:
-        InvalidArgumentError: both or neither prompt form, or a bad length.
+        InvalidArgumentError: both or neither prompt form, a bad length, or
+            an ``ends_conversation`` that is not a bool.
     """
 
     request_id: int | str
@@ -67,6 +71,7 @@ class SimRequest:
     block_hashes: tuple[int, ...] | None = None
     input_length: int = 0
     arrival_step: int = 0
+    ends_conversation: bool = False
 
     def __post_init__(self) -> None:
         if (self.prompt_tokens is None) == (self.block_hashes is None):
@@ -82,6 +87,8 @@ class SimRequest:
             object.__setattr__(self, "input_length", len(self.prompt_tokens))
         for name, minimum in (("input_length", 1), ("output_length", 0), ("arrival_step", 0)):
             object.__setattr__(self, name, require_int(getattr(self, name), name, minimum=minimum))
+        ends = require_flag(self.ends_conversation, "ends_conversation")
+        object.__setattr__(self, "ends_conversation", ends)
 
     @classmethod
     def from_tokens(
@@ -91,13 +98,18 @@ class SimRequest:
         output_length: int,
         *,
         arrival_step: int = 0,
+        ends_conversation: bool = False,
     ) -> SimRequest:
         """A request whose prompt is ``tokens``; the loop hashes them with the allocator.
 
         Complexity: O(len(tokens)).
         """
         return cls(
-            request_id, output_length, prompt_tokens=tuple(tokens), arrival_step=arrival_step
+            request_id,
+            output_length,
+            prompt_tokens=tuple(tokens),
+            arrival_step=arrival_step,
+            ends_conversation=ends_conversation,
         )
 
     @classmethod
@@ -109,6 +121,7 @@ class SimRequest:
         output_length: int,
         *,
         arrival_step: int = 0,
+        ends_conversation: bool = False,
     ) -> SimRequest:
         """A trace request: ``hash_ids`` name its prompt's blocks (Mooncake ``hash_ids``).
 
@@ -124,6 +137,7 @@ class SimRequest:
                 trace's (512 for Mooncake traces).
             output_length: tokens to generate.
             arrival_step: loop step of arrival.
+            ends_conversation: the trace marks it its conversation's last turn.
 
         Complexity: O(len(hash_ids)).
         """
@@ -133,6 +147,7 @@ class SimRequest:
             block_hashes=tuple(trace_block_hashes(hash_ids)),
             input_length=input_length,
             arrival_step=arrival_step,
+            ends_conversation=ends_conversation,
         )
 
 
@@ -160,6 +175,10 @@ class SimConfig:
             waits (``allocator.hint_upcoming`` on arrival and requeue,
             ``withdraw_hint`` once admitted; DESIGN.md, "Scheduler hints").
         engine: the allocator's engine (``"auto"``, ``"native"``, ``"python"``).
+        conversation_ends: when a request marked ``ends_conversation`` finishes,
+            call ``allocator.end_conversation`` with its block hashes (prompt and
+            generated blocks), freeing its chain's cached tail (DESIGN.md,
+            "Scheduler hints").
     """
 
     total_count: int = 1024
@@ -176,6 +195,7 @@ class SimConfig:
     record_logits: bool = False
     queue_hints: bool = False
     engine: str = "auto"
+    conversation_ends: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -187,7 +207,8 @@ class SimConfig:
         ):
             value = require_int(getattr(self, name), name, minimum=1, error=ConfigError)
             object.__setattr__(self, name, value)
-        for name in ("verify", "enable_prefix_caching", "record_logits", "queue_hints"):
+        flags = ("verify", "enable_prefix_caching", "record_logits", "queue_hints")
+        for name in (*flags, "conversation_ends"):
             flag = require_flag(getattr(self, name), name, error=ConfigError)
             object.__setattr__(self, name, flag)
 

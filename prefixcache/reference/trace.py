@@ -5,6 +5,11 @@ FAST'25 paper (see ``prefixcache/data/NOTICE``)::
 
     {"timestamp": 0, "input_length": 40160, "output_length": 6, "hash_ids": [0, 1, 2]}
 
+A line may also say ``"ends_conversation": true``: the request is the last turn
+of a conversation its client closed (DESIGN.md, "Scheduler hints": a
+conversation's end). The field is optional and False when absent, so traces
+written before it existed read as they did.
+
 ``hash_ids`` holds one ID per 512-token block of the prompt (the last block
 may be partial); two requests share a reusable prefix of ``k`` blocks when
 their first ``k`` IDs are equal. :func:`trace_block_hashes` turns those IDs
@@ -35,6 +40,7 @@ from prefixcache.engine.validation import is_int, require_int
 from prefixcache.errors import InvalidArgumentError
 
 __all__ = [
+    "ENDS_CONVERSATION",
     "TRACE_BLOCK_SIZE",
     "TraceRequest",
     "load_mooncake_trace",
@@ -51,6 +57,8 @@ _INT64 = struct.Struct("<q")
 # trace chains do not start from any root that prefixcache.engine.hashing derives.
 _TRACE_ROOT = xxhash.xxh3_64_intdigest(b"prefixcache.trace.root.v1") & _MASK63 or 1
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+ENDS_CONVERSATION = "ends_conversation"
+"""The optional field (a JSON bool, False when absent) that marks a conversation's last turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +70,17 @@ class TraceRequest:
         input_length: prompt length in tokens.
         output_length: tokens to generate.
         hash_ids: one ID per ``TRACE_BLOCK_SIZE``-token prompt block, in order.
+        ends_conversation: the request is the last turn of a conversation its
+            client ends explicitly (a replay may then call ``end_conversation``
+            once it finishes). An abandoned conversation is not marked: its
+            client does not know it is over.
     """
 
     timestamp_ms: int
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    ends_conversation: bool = False
 
     @property
     def num_blocks(self) -> int:
@@ -82,7 +95,8 @@ def load_mooncake_trace(
 
     Blank lines are skipped. Every line is validated: the four fields must be
     present, the lengths non-negative ints, ``hash_ids`` a list of
-    non-negative ints below ``2**63``.
+    non-negative ints below ``2**63``; ``ends_conversation``, when present, a
+    JSON bool (absent: False).
 
     Args:
         path_or_file: a path, or an open text file (read from its position).
@@ -142,8 +156,13 @@ def _parse_line(line: str, line_number: int, source: str) -> TraceRequest:
             raise InvalidArgumentError(
                 f"{where}: hash_ids must hold ints in [0, 2**63), got {hash_id!r}"
             )
+    ends = record.get(ENDS_CONVERSATION, False)
+    if not isinstance(ends, bool):
+        raise InvalidArgumentError(
+            f"{where}: {ENDS_CONVERSATION} must be true or false, got {ends!r}"
+        )
     return TraceRequest(
-        record["timestamp"], record["input_length"], record["output_length"], tuple(hash_ids)
+        record["timestamp"], record["input_length"], record["output_length"], tuple(hash_ids), ends
     )
 
 

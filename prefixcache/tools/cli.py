@@ -27,6 +27,10 @@ Both replay the no-concurrency model of :mod:`prefixcache.tools.replay`
 
     $ prefixcache compare --concurrency 32 --queue-hints --policies lru,s3fifo,auto
 
+``--conversation-ends`` (``replay`` and ``compare``, with or without
+``--concurrency``) calls ``end_conversation`` after each request the trace
+marks ``"ends_conversation": true``, freeing its chain's cached tail.
+
 Every argument is checked before any replay starts
 (:mod:`prefixcache.tools.cli_arguments`): the trace is read and parsed whole,
 sizes are checked against this machine's memory, the plot's folder must exist.
@@ -167,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
         type=non_negative,
         help="host tier slots behind the device pool (default: 0, no host tier)",
     )
+    _add_conversation_ends(one)
     one.add_argument(
         "--host-policy",
         default=None,
@@ -223,11 +228,21 @@ def _parser() -> argparse.ArgumentParser:
         help="with --concurrency: the loop protects the cached prefixes of waiting requests "
         "(KVBlockAllocator.hint_upcoming; never for belady)",
     )
+    _add_conversation_ends(many)
     add_cluster_arguments(many)
     many.set_defaults(handler=_run_compare)
     add_sweep_parser(commands, _epilog())
     add_convert_parser(commands)
     return parser
+
+
+def _add_conversation_ends(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--conversation-ends",
+        action="store_true",
+        help='after each request the trace marks "ends_conversation": true, free its '
+        "chain's cached tail (KVBlockAllocator.end_conversation; never for belady)",
+    )
 
 
 def _run_replay(args: argparse.Namespace) -> int:
@@ -240,9 +255,11 @@ def _run_replay(args: argparse.Namespace) -> int:
         args.policy,
         progress=show_progress(args),
         block_size=args.block_size,
+        conversation_ends=args.conversation_ends,
     )
+    ends = ", conversation ends on" if args.conversation_ends else ""
     print(f"trace:         {path} ({result.num_requests} requests)")
-    print(f"policy:        {result.policy}, capacity {result.capacity} blocks")
+    print(f"policy:        {result.policy}, capacity {result.capacity} blocks{ends}")
     print(f"hit rate:      {result.hit_rate:.3f} ({result.hit_blocks}/{result.prompt_blocks})")
     print(f"tokens saved:  {result.tokens_saved} of {result.prompt_tokens} prompt tokens")
     print(f"evictions:     {result.evictions}")
@@ -291,10 +308,15 @@ def _run_compare(args: argparse.Namespace) -> int:
     concurrent = args.concurrency is not None
     run = (
         functools.partial(
-            replay_concurrent, max_requests=args.concurrency, queue_hints=args.queue_hints
+            replay_concurrent,
+            max_requests=args.concurrency,
+            queue_hints=args.queue_hints,
+            conversation_ends=args.conversation_ends,
         )
         if concurrent
-        else functools.partial(replay, block_size=args.block_size)
+        else functools.partial(
+            replay, block_size=args.block_size, conversation_ends=args.conversation_ends
+        )
     )
     path, requests = args.trace_path, args.requests
     results = replay_grid(run, requests, names, args.capacities, progress=show_progress(args))
@@ -302,6 +324,9 @@ def _run_compare(args: argparse.Namespace) -> int:
     if concurrent:
         hints = "queue hints on" if args.queue_hints else "queue hints off"
         mode = f"{mode}; at most {args.concurrency} in flight, {hints}"
+    if args.conversation_ends:
+        marked = sum(request.ends_conversation for request in requests)
+        mode = f"{mode}; conversation ends on ({marked} marked requests)"
     print(f"{path.name}: {len(requests)} requests, {mode}\n")
     print(results_table(results, names, args.capacities))
     if args.table:

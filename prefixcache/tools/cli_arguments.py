@@ -192,6 +192,11 @@ def check_arguments(args: argparse.Namespace) -> None:
     _check_block_size(args)
     if getattr(args, "queue_hints", False) and getattr(args, "concurrency", None) is None:
         raise BadArgument("--queue-hints", "needs --concurrency (hints come from a waiting queue)")
+    if getattr(args, "conversation_ends", False):
+        for option in ("host_capacity", "workers"):
+            if getattr(args, option, None):
+                flag = "--" + option.replace("_", "-")
+                raise BadArgument("--conversation-ends", f"not with {flag}")
     if hasattr(args, "capacity"):
         _check_memory("--capacity", args.capacity)
         _check_host_tier(args)

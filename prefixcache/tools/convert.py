@@ -39,7 +39,7 @@ import xxhash
 
 from prefixcache.engine.validation import is_int, is_number
 from prefixcache.errors import InvalidArgumentError
-from prefixcache.reference.trace import TRACE_BLOCK_SIZE
+from prefixcache.reference.trace import ENDS_CONVERSATION, TRACE_BLOCK_SIZE
 
 __all__ = [
     "ChatTokenizer",
@@ -68,6 +68,8 @@ class TokenRequest:
         timestamp_ms: arrival time in milliseconds (None: not given).
         output_length: tokens generated (0 when the input does not say).
         session_id: the conversation it belongs to, if the input names one.
+        ends_conversation: the input marks it its conversation's last turn
+            (``"ends_conversation": true``: the client closed the chat).
     """
 
     line: int
@@ -75,6 +77,7 @@ class TokenRequest:
     timestamp_ms: float | None = None
     output_length: int = 0
     session_id: str | int | None = None
+    ends_conversation: bool = False
 
 
 class TraceBuilder:
@@ -122,7 +125,8 @@ def convert(requests: Iterable[TokenRequest], out: IO[str], block_size: int) -> 
     Timestamps become milliseconds since the first request's (a request
     without one takes the previous request's; all missing: 0). They must not
     go backwards: a trace is in arrival order. A request's ``session_id``, if
-    any, is kept as an extra field (the loader ignores it).
+    any, is kept as an extra field (the loader ignores it); ``ends_conversation``
+    is written as ``true`` on the requests that carry it (the loader reads it).
 
     Raises:
         InvalidArgumentError: naming the line of a request that goes back in
@@ -160,6 +164,8 @@ def convert(requests: Iterable[TokenRequest], out: IO[str], block_size: int) -> 
         }
         if request.session_id is not None:
             record["session_id"] = request.session_id
+        if request.ends_conversation:
+            record[ENDS_CONVERSATION] = True
         out.write(json.dumps(record) + "\n")
         count += 1
     if count == 0:
@@ -185,8 +191,9 @@ def json_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def read_token_requests(lines: Iterable[str]) -> Iterator[TokenRequest]:
     """Requests from token-ID JSONL: ``{"token_ids": [...], "session_id": ..., "timestamp":
-    ms, "output_length": n}`` a line; only the tokens are required (also read from
-    ``prompt_token_ids`` or ``input_ids``; ``conversation_id`` for the session).
+    ms, "output_length": n, "ends_conversation": true}`` a line; only the tokens are
+    required (also read from ``prompt_token_ids`` or ``input_ids``; ``conversation_id``
+    for the session).
 
     Raises:
         InvalidArgumentError: naming the line that breaks the format.
@@ -250,6 +257,11 @@ def _request(number: int, tokens: Sequence[int], record: dict[str, Any]) -> Toke
         raise InvalidArgumentError(
             f"line {number}: output_length must be an int >= 0, got {output_length!r}"
         )
+    ends = record.get(ENDS_CONVERSATION, False)
+    if not isinstance(ends, bool):
+        raise InvalidArgumentError(
+            f"line {number}: {ENDS_CONVERSATION} must be true or false, got {ends!r}"
+        )
     session = next((record[name] for name in SESSION_FIELDS if name in record), None)
     if session is not None and not (isinstance(session, str) or is_int(session)):
         raise InvalidArgumentError(
@@ -261,6 +273,7 @@ def _request(number: int, tokens: Sequence[int], record: dict[str, Any]) -> Toke
         None if timestamp is None else float(timestamp),
         int(output_length),
         session if session is None or isinstance(session, str) else int(session),
+        ends,
     )
 
 

@@ -3,8 +3,9 @@ and ``sweep``.
 
 Three inputs (``--from``), each JSON Lines or a log, one request a line:
 
-- ``tokens``: ``{"token_ids": [...]}`` with optional ``session_id``, ``timestamp`` (ms)
-  and ``output_length`` (:func:`prefixcache.tools.convert.read_token_requests`);
+- ``tokens``: ``{"token_ids": [...]}`` with optional ``session_id``, ``timestamp`` (ms),
+  ``output_length`` and ``ends_conversation`` (true on the last turn of a conversation
+  the client closed; kept in the trace) (:func:`prefixcache.tools.convert.read_token_requests`);
 - ``chat``: OpenAI-style ``{"messages": [{"role", "content"}, ...]}``, tokenized by
   ``--tokenizer`` (:mod:`prefixcache.tools.tokenizer`);
 - ``vllm``: a vLLM server log written with ``--enable-log-requests --log-level DEBUG``

@@ -13,6 +13,11 @@ For each request:
 4. ``evict_cached_blocks`` trims the cache back to ``capacity`` blocks
    through the eviction policy.
 
+With ``conversation_ends`` a request marked ``ends_conversation`` (the last
+turn of a conversation its client closed) calls ``end_conversation`` on its
+chain between steps 3 and 4, freeing the chain's cached tail (DESIGN.md,
+"Scheduler hints"); never for ``belady``, which knows the future already.
+
 Hit rate = hit blocks / all prompt blocks. The pool holds ``capacity`` plus
 the longest request's blocks, so a request always fits beside a full cache
 and the policy alone decides what goes, in step 4 (the model lets the cache
@@ -44,11 +49,9 @@ the cache together.
 
 from __future__ import annotations
 
-import sys
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,6 +63,7 @@ from prefixcache.engine.config import PolicySpec
 from prefixcache.engine.validation import require_flag, require_int
 from prefixcache.errors import CapacityError, InvalidArgumentError
 from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
+from prefixcache.tools.progress import progress_bar
 
 if TYPE_CHECKING:
     from prefixcache.reference.sim import DynamicBatchingSim
@@ -83,10 +87,6 @@ def online_policies() -> list[str]:
     Complexity: O(registered policies).
     """
     return [name for name in policies.available() if name != OPTIMUM_POLICY]
-
-
-# Show a progress bar for runs with at least this many requests.
-_PROGRESS_MIN_REQUESTS = 500
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,7 @@ def replay(
     *,
     progress: bool = False,
     block_size: int = TRACE_BLOCK_SIZE,
+    conversation_ends: bool = False,
 ) -> ReplayResult:
     """Replay ``requests`` in order, one at a time, through an allocator with ``policy``.
 
@@ -145,13 +146,16 @@ def replay(
             else a counter on stderr).
         block_size: tokens per trace block (what ``prefixcache convert`` used);
             it counts ``tokens_saved`` and nothing else.
+        conversation_ends: after a request marked ``ends_conversation``,
+            ``end_conversation`` on its chain (never for ``belady``).
 
     Returns:
         A :class:`ReplayResult`.
 
     Raises:
-        InvalidArgumentError: ``capacity`` is not an int >= 0, or ``policy``
-            is not a name (:class:`~prefixcache.errors.ConfigError`: unknown name).
+        InvalidArgumentError: ``capacity`` is not an int >= 0, ``policy``
+            is not a name (:class:`~prefixcache.errors.ConfigError`: unknown
+            name), or ``conversation_ends`` is not a bool.
 
     Complexity: O(prompt blocks) allocator work, plus O(log n) policy work per
     inserted, hit or evicted block.
@@ -159,6 +163,7 @@ def replay(
     capacity = require_int(capacity, "capacity", minimum=0)
     block_size = require_int(block_size, "block_size", minimum=1)
     _check_policy(policy)
+    ends = require_flag(conversation_ends, "conversation_ends") and policy != OPTIMUM_POLICY
     start = time.perf_counter()
     chains = [np.array(trace_block_hashes(r.hash_ids), dtype=np.int64) for r in requests]
     max_blocks = max((len(chain) for chain in chains), default=0)
@@ -177,11 +182,12 @@ def replay(
     )
     hit_blocks = tokens_saved = 0
     label = f"{policy}, {capacity} blocks"
-    with _progress_bar(len(requests), enabled=progress, label=label) as advance:
+    with progress_bar(len(requests), enabled=progress, label=label) as advance:
         for index, (request, hashes) in enumerate(zip(requests, chains, strict=True)):
             if oracle is not None:
                 oracle.first_pending = index + 1
-            num_hit = _replay_one(allocator, hashes, block_hash, capacity)
+            ending = ends and request.ends_conversation
+            num_hit = _replay_one(allocator, hashes, block_hash, capacity, ending)
             hit_blocks += num_hit
             tokens_saved += min(num_hit * block_size, request.input_length)
             advance(1)
@@ -204,9 +210,14 @@ def _check_policy(policy: object) -> None:
 
 
 def _replay_one(
-    allocator: KVBlockAllocator, hashes: np.ndarray, block_hash: np.ndarray, capacity: int
+    allocator: KVBlockAllocator,
+    hashes: np.ndarray,
+    block_hash: np.ndarray,
+    capacity: int,
+    ends: bool,
 ) -> int:
-    """Look up, insert or touch, release and trim for one request; return its hit blocks."""
+    """Look up, insert or touch, release, end its conversation if ``ends``, and trim for one
+    request; return its hit blocks."""
     hit_ids = allocator.match_prefix(hashes, acquire=True)
     num_hit = len(hit_ids)
     fresh_ids = allocator.allocate_memory_blocks(len(hashes) - num_hit)
@@ -218,6 +229,8 @@ def _replay_one(
         block_hash[fresh_ids.numpy()] = hashes[num_hit:]
         allocator.release_memory_blocks(fresh_ids)
     allocator.release_memory_blocks(hit_ids)
+    if ends:
+        allocator.end_conversation(hashes)
     excess = allocator.get_evictable_block_count() - capacity
     if excess > 0:
         allocator.evict_cached_blocks(excess)
@@ -301,6 +314,7 @@ def replay_concurrent(
     max_requests: int = 256,
     progress: bool = False,
     queue_hints: bool = False,
+    conversation_ends: bool = False,
 ) -> ConcurrentReplayResult:
     """Replay ``requests`` with real concurrency through :mod:`prefixcache.reference.sim`.
 
@@ -329,6 +343,9 @@ def replay_concurrent(
         queue_hints: the loop protects the cached prefixes of waiting requests
             (``SimConfig.queue_hints``; DESIGN.md, "Scheduler hints"). Never
             for ``belady``, which knows the future already.
+        conversation_ends: when a request marked ``ends_conversation``
+            finishes, the loop calls ``end_conversation`` on its blocks
+            (``SimConfig.conversation_ends``). Never for ``belady`` either.
 
     Returns:
         A :class:`ConcurrentReplayResult`.
@@ -346,6 +363,7 @@ def replay_concurrent(
     _check_policy(policy)
     step_ms = require_int(step_ms, "step_ms", minimum=1)
     queue_hints = require_flag(queue_hints, "queue_hints")
+    conversation_ends = require_flag(conversation_ends, "conversation_ends")
     start = time.perf_counter()
     sim_requests = [
         loop.SimRequest.from_hash_ids(
@@ -354,6 +372,7 @@ def replay_concurrent(
             request.input_length,
             request.output_length,
             arrival_step=request.timestamp_ms // step_ms,
+            ends_conversation=request.ends_conversation,
         )
         for index, request in enumerate(requests)
     ]
@@ -373,6 +392,7 @@ def replay_concurrent(
             step_token_budget=step_token_budget,
             device="cpu",
             queue_hints=queue_hints and oracle is None,
+            conversation_ends=conversation_ends and oracle is None,
             # The oracle reads block hashes from inside the policy's calls, which the
             # native engine refuses as re-entrant: the optimum runs on the Python engine.
             engine="auto" if oracle is None else "python",
@@ -407,43 +427,10 @@ def _run_loop(
 ) -> None:
     """Step ``sim`` until every request finished, keeping the oracle's frontier current."""
     num_finished = 0
-    with _progress_bar(num_requests, enabled=progress, label=label) as advance:
+    with progress_bar(num_requests, enabled=progress, label=label) as advance:
         while not sim.is_done:
             step = sim.step()
             num_finished += step.num_finished
             if oracle is not None:
                 oracle.first_pending = num_finished + step.num_running + step.num_paused
             advance(step.num_finished)
-
-
-@contextmanager
-def _progress_bar(total: int, *, enabled: bool, label: str = "") -> Iterator[Callable[[int], None]]:
-    """Yield an ``advance(n)`` callable; draw progress when enabled and the run is long.
-
-    Uses tqdm when it is installed (an optional dependency), else rewrites a
-    counter on stderr every 1% of the run; both name the run (``label``: the
-    policy and the capacity).
-    """
-    if not enabled or total < _PROGRESS_MIN_REQUESTS:
-        yield lambda n: None
-        return
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    if tqdm is not None:
-        with tqdm(total=total, unit="req", leave=False, desc=label or None) as bar:
-            yield bar.update
-        return
-    step = max(1, total // 100)
-    done = 0
-    prefix = f"{label}: " if label else ""
-
-    def advance(n: int) -> None:
-        nonlocal done
-        before, done = done, done + n
-        if done // step > before // step or (n and done == total):
-            print(f"\r{prefix}{done}/{total} requests", end="", file=sys.stderr, flush=True)
-
-    yield advance
-    print(file=sys.stderr)

@@ -27,6 +27,10 @@ requests share exactly the prefixes the family describes.
 - :func:`scan_pollution`: a steady hot working set hit by bursts of one-off
   long scans.
 
+The chat and agent families mark the last turn of each conversation their
+client closes (``TraceRequest.ends_conversation``; never an abandoned one):
+what ``prefixcache compare --conversation-ends`` replays.
+
 Families that keep a clock per session (the log-normal ones) are not Poisson
 streams: their requests come in the order the sessions' clocks put them.
 :mod:`~prefixcache.tools.workloads.split` names which (family, seed) traces

@@ -28,10 +28,17 @@ def _arrivals(rng: random.Random, mean_gap_ms: int) -> Iterator[int]:
         now += rng.expovariate(1.0 / mean_gap_ms)
 
 
-def _request(rng: random.Random, timestamp: int, hash_ids: Sequence[int]) -> TraceRequest:
-    """A request over ``hash_ids`` whose last block is partly filled."""
+def _request(
+    rng: random.Random, timestamp: int, hash_ids: Sequence[int], ends: bool = False
+) -> TraceRequest:
+    """A request over ``hash_ids`` whose last block is partly filled.
+
+    ``ends``: it is the last turn of a conversation its client closes (the
+    request's ``ends_conversation`` mark). The mark draws nothing from
+    ``rng``, so a family's traces are the same with or without it.
+    """
     input_length = len(hash_ids) * TRACE_BLOCK_SIZE - rng.randrange(TRACE_BLOCK_SIZE)
-    return TraceRequest(timestamp, input_length, rng.randint(16, 512), tuple(hash_ids))
+    return TraceRequest(timestamp, input_length, rng.randint(16, 512), tuple(hash_ids), ends)
 
 
 def _zipf_weights(num_items: int, exponent: float) -> list[float]:
@@ -73,38 +80,42 @@ def _lognormal_ms(rng: random.Random, median_ms: int, sigma: float) -> float:
     return rng.lognormvariate(math.log(median_ms), sigma)
 
 
-def _by_time(rng: random.Random, events: list[tuple[float, list[int]]]) -> list[TraceRequest]:
-    """Requests from ``(time in ms, hash IDs)`` events, in time order, the first at 0.
+Event = tuple[float, list[int], bool]
+"""A session's turn: (time in ms, hash IDs, whether it ends the conversation)."""
+
+
+def _by_time(rng: random.Random, events: list[Event]) -> list[TraceRequest]:
+    """Requests from events, in time order (a stable sort: ties keep their order), the first at 0.
 
     For the families whose sessions keep their own clocks (log-normal gaps)
     instead of one Poisson stream; each request is drawn by :func:`_request`.
     """
     events.sort(key=lambda event: event[0])
     start = events[0][0] if events else 0.0
-    return [_request(rng, int(time - start), hash_ids) for time, hash_ids in events]
+    return [_request(rng, int(time - start), ids, ends) for time, ids, ends in events]
 
 
 def _slot_turns(
     num_slots: int,
     num_events: int,
     first_gap: Callable[[], float],
-    turn: Callable[[int], tuple[list[int], float]],
-) -> list[tuple[float, list[int]]]:
-    """``(time in ms, hash IDs)`` events of sessions that each keep their own clock.
+    turn: Callable[[int], tuple[list[int], float, bool]],
+) -> list[Event]:
+    """The events (:data:`Event`) of sessions that each keep their own clock.
 
     Each of ``num_slots`` slots holds one session at a time. Slot ``s`` first
     fires after ``first_gap()``; each time it fires, ``turn(s)`` gives the
-    prompt it sends and the gap to its next turn (the slot's session state
-    lives with the caller). The earliest slot fires next; ``first_gap`` is
-    called for every slot, in slot order, before any turn, so a family's
-    random draws keep their order.
+    prompt it sends, the gap to its next turn and whether that prompt ends
+    its conversation (the slot's session state lives with the caller). The
+    earliest slot fires next; ``first_gap`` is called for every slot, in slot
+    order, before any turn, so a family's random draws keep their order.
     """
     clock = [(first_gap(), slot) for slot in range(num_slots)]
     heapq.heapify(clock)
-    events: list[tuple[float, list[int]]] = []
+    events: list[Event] = []
     while len(events) < num_events:
         now, slot = heapq.heappop(clock)
-        prompt, gap = turn(slot)
-        events.append((now, prompt))
+        prompt, gap, ends = turn(slot)
+        events.append((now, prompt, ends))
         heapq.heappush(clock, (now + gap, slot))
     return events

@@ -46,7 +46,8 @@ def agent_tool_loops(
     With probability ``retry_fraction`` a step instead retries from an
     earlier step of its session (a failed tool call, a re-plan): a branch
     that shares the session's prefix up to that step. After 1 to
-    ``max_steps`` steps a session ends and a new one starts.
+    ``max_steps`` steps a session ends and a new one starts; its last step is
+    marked ``ends_conversation`` (the agent closes its own session).
 
     Args:
         num_requests: requests to generate (>= 1).
@@ -97,6 +98,6 @@ def agent_tool_loops(
         if len(steps) > 1 and rng.random() < retry_fraction:
             base = steps[rng.randrange(len(steps) - 1)]  # retry from an earlier step
         prompt = base + _blocks(fresh, rng.randint(1, max_tool_blocks))
-        trace.append(_request(rng, next(arrivals), prompt))
+        trace.append(_request(rng, next(arrivals), prompt, steps_left <= 1))
         sessions[index] = new_session() if steps_left <= 1 else ([*steps, prompt], steps_left - 1)
     return trace

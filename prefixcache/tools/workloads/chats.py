@@ -35,7 +35,8 @@ def multi_turn_chats(
     conversation plus 1 to ``max_turn_blocks`` new blocks (the reply and the
     next message). After ``max_turns`` turns (at least 1, drawn per
     conversation) a conversation closes and a new one, with a fresh first
-    prompt of 1 to ``first_turn_blocks`` blocks, takes its place. The reuse
+    prompt of 1 to ``first_turn_blocks`` blocks, takes its place; its last
+    turn is marked ``ends_conversation`` (the user closed it). The reuse
     distance is the time between turns, long when many chats are open.
 
     Args:
@@ -76,7 +77,7 @@ def multi_turn_chats(
     for _ in range(num_requests):
         index = rng.randrange(num_conversations)
         prompt, turns_left = chats[index]
-        trace.append(_request(rng, next(arrivals), prompt))
+        trace.append(_request(rng, next(arrivals), prompt, turns_left <= 1))
         if turns_left <= 1:
             chats[index] = open_chat()
         else:

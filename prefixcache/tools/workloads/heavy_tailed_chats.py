@@ -50,7 +50,9 @@ def heavy_tailed_chats(
     is fewer). An ended conversation, finished or abandoned, never comes
     back: a recency policy keeps its chain warm for nothing, while a policy
     that learns the gap distribution can tell a thinking user from a gone
-    one. A new conversation takes the slot after another think time.
+    one. A new conversation takes the slot after another think time. The
+    last turn of a finished conversation is marked ``ends_conversation`` (its
+    user closed the chat); an abandoned one's is not (nobody said so).
 
     Args:
         num_requests: requests to generate (>= 1).
@@ -86,25 +88,29 @@ def heavy_tailed_chats(
     rng = random.Random(seed)
     fresh = count()
 
-    def open_chat() -> tuple[list[int], int]:
-        """(the first prompt, turns it will have)."""
+    def open_chat() -> tuple[list[int], int, bool]:
+        """(the first prompt, turns it will have, whether its user closes it)."""
         turns = rng.randint(1, max_turns)
+        closed = True
         if rng.random() < abandon_fraction:
-            turns = min(turns, rng.randint(1, max_abandoned_turns))
-        return _blocks(fresh, rng.randint(1, first_turn_blocks)), turns
+            abandoned_after = rng.randint(1, max_abandoned_turns)
+            closed = abandoned_after >= turns
+            turns = min(turns, abandoned_after)
+        return _blocks(fresh, rng.randint(1, first_turn_blocks)), turns, closed
 
     chats = [open_chat() for _ in range(num_conversations)]
 
     def think() -> float:
         return _lognormal_ms(rng, median_think_ms, think_sigma)
 
-    def turn(slot: int) -> tuple[list[int], float]:
-        prompt, turns_left = chats[slot]
+    def turn(slot: int) -> tuple[list[int], float, bool]:
+        prompt, turns_left, closed = chats[slot]
         if turns_left <= 1:
             chats[slot] = open_chat()
         else:
-            chats[slot] = (prompt + _blocks(fresh, rng.randint(1, max_turn_blocks)), turns_left - 1)
-        return prompt, think()
+            grown = prompt + _blocks(fresh, rng.randint(1, max_turn_blocks))
+            chats[slot] = (grown, turns_left - 1, closed)
+        return prompt, think(), closed and turns_left <= 1
 
     events = _slot_turns(num_conversations, num_requests, think, turn)
     return _by_time(rng, events)

@@ -54,7 +54,9 @@ def long_agent_sessions(
     ``num_agents`` agent system prompts of Zipf popularity; each step adds
     1 to ``max_step_blocks`` blocks. A session ends after ``min_turns`` to
     ``max_turns`` calls and never comes back (its chain is dead: what an
-    optimum evicts first); a new one takes its place after a user gap.
+    optimum evicts first); a new one takes its place after a user gap. The
+    agent closes its session itself, so a session's last call is marked
+    ``ends_conversation``.
 
     Args:
         num_requests: requests to generate (>= 1).
@@ -105,7 +107,7 @@ def long_agent_sessions(
 
     sessions = [new_session() for _ in range(num_sessions)]
 
-    def turn(slot: int) -> tuple[list[int], float]:
+    def turn(slot: int) -> tuple[list[int], float, bool]:
         prompt, calls_left = sessions[slot]
         prompt = prompt + _blocks(fresh, rng.randint(1, max_step_blocks))
         if calls_left <= 1:
@@ -115,7 +117,7 @@ def long_agent_sessions(
             sessions[slot] = (prompt, calls_left - 1)
             is_user = rng.random() < user_turn_fraction
             median = median_user_gap_ms if is_user else median_tool_gap_ms
-        return prompt, _lognormal_ms(rng, median, gap_sigma)
+        return prompt, _lognormal_ms(rng, median, gap_sigma), calls_left <= 1
 
     def first_gap() -> float:
         return _lognormal_ms(rng, median_user_gap_ms, gap_sigma)

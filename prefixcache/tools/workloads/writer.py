@@ -10,11 +10,15 @@ import json
 from collections.abc import Sequence
 from os import PathLike
 
-from prefixcache.reference.trace import TraceRequest
+from prefixcache.reference.trace import ENDS_CONVERSATION, TraceRequest
 
 
 def write_mooncake_trace(requests: Sequence[TraceRequest], path: str | PathLike[str]) -> None:
     """Write ``requests`` as a Mooncake JSONL trace (readable by ``load_mooncake_trace``).
+
+    A request that ends its conversation gets ``"ends_conversation": true``;
+    the others get no such field, so their lines are plain Mooncake lines, as
+    before the mark existed.
 
     Raises:
         OSError: the file cannot be written.
@@ -29,4 +33,6 @@ def write_mooncake_trace(requests: Sequence[TraceRequest], path: str | PathLike[
                 "output_length": request.output_length,
                 "hash_ids": list(request.hash_ids),
             }
+            if request.ends_conversation:
+                record[ENDS_CONVERSATION] = True
             file.write(json.dumps(record) + "\n")
