@@ -17,30 +17,18 @@ import numpy as np
 import pytest
 
 from prefixcache import CapacityError, KVBlockAllocator
-from prefixcache.engine.native_engine import native_available
-from prefixcache.engine.sessions import Session
 from prefixcache.testing import state_digest
+from prefixcache.testing.engine_setup import SESSION_KINDS, open_session, small_allocator
 from prefixcache.testing.pinned import Twin, as_full_references
 
-BLOCK = 2
-KINDS = ["python", "native", "native+python-session"] if native_available() else ["python"]
+KINDS = SESSION_KINDS
 
 
 def pair(kind: str, policy: str = "lru", total: int = 16) -> tuple[Any, Any, Any, Twin]:
     """Two allocators, a session on the first and its twin on the second."""
     engine = "python" if kind == "python" else "native"
-    ours, theirs = (
-        KVBlockAllocator(
-            total_count=total,
-            block_size_tokens=BLOCK,
-            device="cpu",
-            engine=engine,
-            eviction_policy=policy,
-        )
-        for _ in range(2)
-    )
-    session = Session(ours) if kind == "native+python-session" else ours.open_session()
-    return ours, theirs, session, Twin(theirs)
+    ours, theirs = (small_allocator(engine, policy, total) for _ in range(2))
+    return ours, theirs, open_session(ours, kind), Twin(theirs)
 
 
 def same(ours: KVBlockAllocator, theirs: KVBlockAllocator) -> None:
