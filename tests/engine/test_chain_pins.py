@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from prefixcache import CapacityError, KVBlockAllocator
-from prefixcache.testing import state_digest
+from prefixcache import BlockStateError, CapacityError, KVBlockAllocator, ReferenceCountError
+from prefixcache.testing import changed_fields, state_digest
 from prefixcache.testing.engine_setup import SESSION_KINDS, open_session, small_allocator
 from prefixcache.testing.pinned import Twin, as_full_references
 
@@ -103,6 +103,35 @@ def test_the_capacity_checks_refuse_and_accept_as_full_references(kind: str) -> 
         assert taken is not None
         allocator.release_request(taken)
     same(ours, theirs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_releasing_a_pinned_turn_after_a_reset_is_refused_with_nothing_changed(
+    kind: str,
+) -> None:
+    """``reset()`` during a pinned turn drops the pin: the turn's release is refused with
+    BlockStateError ("not a pinned chain's tail") where full references refuse with its
+    subclass ReferenceCountError (the twin's), and nothing changes, the session included."""
+    ours, theirs, session, twin = pair(kind)
+    turn(session, twin, list(range(8)))
+    session.release()
+    twin.release()
+    turn(session, twin, [50])  # pins the 4-block chain's tail
+    assert ours._engine.pinned_tails() != []
+    row, num_tokens = session.block_ids.tolist(), session.num_tokens
+    ours.reset()
+    theirs.reset()
+    before, twins_before = state_digest(ours), state_digest(theirs)
+    with pytest.raises(BlockStateError, match="is not a pinned chain's tail"):
+        session.release()
+    with pytest.raises(ReferenceCountError):
+        twin.release()
+    after = state_digest(ours)
+    assert after == before, changed_fields(before, after)
+    assert state_digest(theirs) == twins_before
+    assert session.running and session.block_ids.tolist() == row
+    assert session.num_tokens == num_tokens
+    ours.check_invariants()
 
 
 @pytest.mark.parametrize("kind", KINDS)
