@@ -100,21 +100,15 @@ class EvictionPlanner:
         freed: list[int] = []
         dropped: list[int] = []
         self._handed = []
-        pin_pending = self._refs.pin_pending
         gone: set[int] = set()
         lost_children: dict[int, int] = {}
         # Per evicted block this loop is the hot path of eviction-bound serving,
         # so the checks run inline on local names.
-        pick, insert = self._policy.evict, journal.insert
+        pick, insert, expose_parent = self._policy.evict, journal.insert, self._expose_parent
         note_victim = journal.evicted if journal.NOTES_VICTIMS else None
         evicts_first, leaf_args = self._evicts_first, self._leaf_args
         next_victim = ROOT  # an exposed parent the policy would evict next, kept from it
-        registry = self._registry
-        is_registered, num_children, parent_of = (
-            registry.is_registered,
-            registry.num_children,
-            registry.parent_of,
-        )
+        is_registered, num_children = self._registry.is_registered, self._registry.num_children
         active, paused, num_usable = self._active_refs, self._paused_refs, self._num_usable
         while len(freed) < num_blocks:
             if next_victim != ROOT:
@@ -142,22 +136,17 @@ class EvictionPlanner:
             gone.add(block_id)
             freed.append(block_id)
             dropped.append(block_id)
-            # The parent loses a child; left a cached leaf, it joins the policy, unless the
-            # policy says it would evict it next: then it is the next victim directly.
-            parent_id = int(parent_of[block_id])
-            if parent_id != ROOT:
-                if pin_pending[block_id]:
-                    self._hand_down(block_id, parent_id)
-                lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
-                if lost == num_children[parent_id] and not (active[parent_id] or paused[parent_id]):
-                    if (
-                        evicts_first is not None
-                        and len(freed) < num_blocks
-                        and evicts_first(parent_id, *leaf_args(parent_id))
-                    ):
-                        next_victim = parent_id
-                    else:
-                        insert(parent_id)
+            # The parent, left a cached leaf, joins the policy, unless the policy says it
+            # would evict it next: then it is the next victim directly.
+            if (parent_id := expose_parent(block_id, lost_children)) != ROOT:
+                if (
+                    evicts_first is not None
+                    and len(freed) < num_blocks
+                    and evicts_first(parent_id, *leaf_args(parent_id))
+                ):
+                    next_victim = parent_id
+                else:
+                    insert(parent_id)
         return freed, dropped
 
     def plan_blocks(self, block_ids: list[int], journal: PolicyJournal) -> list[int]:
@@ -178,15 +167,9 @@ class EvictionPlanner:
         """
         freed: list[int] = []
         self._handed = []
-        pin_pending = self._refs.pin_pending
         gone: set[int] = set()
         lost_children: dict[int, int] = {}
-        registry = self._registry
-        is_registered, num_children, parent_of = (
-            registry.is_registered,
-            registry.num_children,
-            registry.parent_of,
-        )
+        is_registered, num_children = self._registry.is_registered, self._registry.num_children
         active, paused = self._active_refs, self._paused_refs
         held_back = ROOT  # an exposed parent that is the walk's next ID: kept from the policy
         for index in range(len(block_ids) - 1, -1, -1):
@@ -204,17 +187,37 @@ class EvictionPlanner:
             held_back = ROOT
             gone.add(block_id)
             freed.append(block_id)
-            parent_id = int(parent_of[block_id])
-            if parent_id != ROOT:
-                if pin_pending[block_id]:
-                    self._hand_down(block_id, parent_id)
-                lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
-                if lost == num_children[parent_id] and not (active[parent_id] or paused[parent_id]):
-                    if index and block_ids[index - 1] == parent_id:
-                        held_back = parent_id
-                    else:
-                        journal.insert(parent_id)
+            if (parent_id := self._expose_parent(block_id, lost_children)) != ROOT:
+                if index and block_ids[index - 1] == parent_id:
+                    held_back = parent_id
+                else:
+                    journal.insert(parent_id)
         return freed
+
+    def _expose_parent(self, block_id: int, lost_children: dict[int, int]) -> int:
+        """Take ``block_id`` from its parent in the plan; the parent if left a cached leaf.
+
+        The parent first gets what ``block_id``'s pins owe it (:meth:`_hand_down`),
+        then counts one more child lost in ``lost_children``. It is exposed
+        when it has lost every child and no request holds it: the caller
+        then tells the policy of it, or takes it as the next victim. Shared
+        by :meth:`plan` and :meth:`plan_blocks`.
+
+        Returns:
+            The exposed parent's ID, or ``ROOT`` (no parent, children left,
+            or referenced).
+
+        Complexity: O(1).
+        """
+        parent_id = int(self._registry.parent_of[block_id])
+        if parent_id == ROOT:
+            return ROOT
+        if self._refs.pin_pending[block_id]:
+            self._hand_down(block_id, parent_id)
+        lost = lost_children[parent_id] = lost_children.get(parent_id, 0) + 1
+        if lost != self._registry.num_children[parent_id] or not self.is_unreferenced(parent_id):
+            return ROOT
+        return parent_id
 
     def _hand_down(self, block_id: int, parent_id: int) -> None:
         """Give ``parent_id`` the stamp (max) and pending accesses (sum) that ``block_id``'s

@@ -1,9 +1,9 @@
 """What the facade's mixins call of the facade, typed below it.
 
-``request_path.py`` and ``sessions.py`` are mixed into (or handed)
-``KVBlockAllocator``, which imports them; naming ``KVBlockAllocator`` in their
-annotations would import it back. :class:`FacadeView` names what they call, so
-every import points one way.
+``request_path.py`` and ``sessions.py`` are mixed into ``KVBlockAllocator``
+(``python_session.py``'s Session is handed it), which imports them; naming
+``KVBlockAllocator`` in their annotations would import it back.
+:class:`FacadeView` names what they call, so every import points one way.
 """
 
 from __future__ import annotations

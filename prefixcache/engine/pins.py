@@ -1,6 +1,6 @@
 """Chain pins: a session turn references its chain's tail, not every context block.
 
-A session turn (``engine/sessions.py``) whose hits form a clean chain (each
+A session turn (``engine/python_session.py``) whose hits form a clean chain (each
 hit the registered parent of the next, which every lookup returns) takes one
 reference on the chain's last hit block, its *tail*, instead of one on each
 block: the ancestors stay cached, and the leaf rule keeps them (a block with a

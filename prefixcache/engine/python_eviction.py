@@ -9,6 +9,9 @@ and pool calls, and writes the engine's own state only once they succeeded
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import numpy as np
 
 from prefixcache.engine.eviction import EvictionPlanner
@@ -75,26 +78,35 @@ class PythonEvictionSteps:
         num_blocks = self.num_evictable(min(num_blocks, self.ledger.num_cached))
         if not num_blocks:
             return 0
-        journal = self._journal()
-        try:
-            freed, dropped = self.planner.plan(num_blocks, journal)
-            self.pool.release(np.asarray(freed, dtype=np.int32))
-        except BaseException:
-            self.planner.undo_hand_downs()
-            journal.rollback()
-            raise
-        journal.commit()
-        self._commit_eviction(freed, dropped)
-        if self._track_changes:
-            self._freed.append(np.asarray(freed, dtype=np.int32))
-        return len(freed)
+        return self._run_plan(functools.partial(self.planner.plan, num_blocks))
 
     def evict_blocks(self, block_ids: np.ndarray) -> int:
         if not self.retains_unreferenced or not len(block_ids):
             return 0
+        ids = block_ids.tolist()
+
+        def plan(journal: PolicyJournal) -> tuple[list[int], list[int]]:
+            freed = self.planner.plan_blocks(ids, journal)
+            return freed, freed  # the freed blocks are the ones that lose their hashes
+
+        return self._run_plan(plan)
+
+    def _run_plan(self, plan: Callable[[PolicyJournal], tuple[list[int], list[int]]]) -> int:
+        """Free what ``plan`` chooses, all or nothing: the frame of ``evict`` and ``evict_blocks``.
+
+        ``plan`` makes its policy calls through the journal it is given and
+        returns the blocks to free and the blocks that lose their hashes (as
+        :meth:`EvictionPlanner.plan` does). The pool takes the freed blocks
+        back inside the same transaction; if either fails, the plan's
+        hand-downs are undone and the journal rolls back, so nothing changes.
+        Only then are the registry and counters written.
+
+        Returns:
+            The number of blocks freed.
+        """
         journal = self._journal()
         try:
-            freed = self.planner.plan_blocks(block_ids.tolist(), journal)
+            freed, dropped = plan(journal)
             if freed:
                 self.pool.release(np.asarray(freed, dtype=np.int32))
         except BaseException:
@@ -103,7 +115,7 @@ class PythonEvictionSteps:
             raise
         journal.commit()
         if freed:
-            self._commit_eviction(freed, freed)
+            self._commit_eviction(freed, dropped)
             if self._track_changes:
                 self._freed.append(np.asarray(freed, dtype=np.int32))
         return len(freed)

@@ -22,6 +22,9 @@ Sections:
   hash, match and pin, allocate, register, release, as an engine calls them one by one.
 - **Pages** (:mod:`~prefixcache.testing.pages`): a fragmented full pool and its
   count of whole free pages, for page-aware eviction.
+- **Engine test setup** (:mod:`~prefixcache.testing.engine_setup`): a small
+  allocator on either engine, a cached chain, a session of each kind and a call's
+  outcome, shared by the test modules that run every case on both engines.
 
 Nothing here is imported by the library itself; pytest is imported only
 when a law is skipped.

@@ -16,31 +16,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from prefixcache import CapacityError, KVBlockAllocator
-from prefixcache.engine.native_engine import native_available
-from prefixcache.engine.sessions import Session
-from prefixcache.testing import state_digest
+from prefixcache import BlockStateError, CapacityError, KVBlockAllocator, ReferenceCountError
+from prefixcache.testing import changed_fields, state_digest
+from prefixcache.testing.engine_setup import SESSION_KINDS, open_session, small_allocator
 from prefixcache.testing.pinned import Twin, as_full_references
 
-BLOCK = 2
-KINDS = ["python", "native", "native+python-session"] if native_available() else ["python"]
+KINDS = SESSION_KINDS
 
 
 def pair(kind: str, policy: str = "lru", total: int = 16) -> tuple[Any, Any, Any, Twin]:
     """Two allocators, a session on the first and its twin on the second."""
     engine = "python" if kind == "python" else "native"
-    ours, theirs = (
-        KVBlockAllocator(
-            total_count=total,
-            block_size_tokens=BLOCK,
-            device="cpu",
-            engine=engine,
-            eviction_policy=policy,
-        )
-        for _ in range(2)
-    )
-    session = Session(ours) if kind == "native+python-session" else ours.open_session()
-    return ours, theirs, session, Twin(theirs)
+    ours, theirs = (small_allocator(engine, policy, total) for _ in range(2))
+    return ours, theirs, open_session(ours, kind), Twin(theirs)
 
 
 def same(ours: KVBlockAllocator, theirs: KVBlockAllocator) -> None:
@@ -115,6 +103,35 @@ def test_the_capacity_checks_refuse_and_accept_as_full_references(kind: str) -> 
         assert taken is not None
         allocator.release_request(taken)
     same(ours, theirs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_releasing_a_pinned_turn_after_a_reset_is_refused_with_nothing_changed(
+    kind: str,
+) -> None:
+    """``reset()`` during a pinned turn drops the pin: the turn's release is refused with
+    BlockStateError ("not a pinned chain's tail") where full references refuse with its
+    subclass ReferenceCountError (the twin's), and nothing changes, the session included."""
+    ours, theirs, session, twin = pair(kind)
+    turn(session, twin, list(range(8)))
+    session.release()
+    twin.release()
+    turn(session, twin, [50])  # pins the 4-block chain's tail
+    assert ours._engine.pinned_tails() != []
+    row, num_tokens = session.block_ids.tolist(), session.num_tokens
+    ours.reset()
+    theirs.reset()
+    before, twins_before = state_digest(ours), state_digest(theirs)
+    with pytest.raises(BlockStateError, match="is not a pinned chain's tail"):
+        session.release()
+    with pytest.raises(ReferenceCountError):
+        twin.release()
+    after = state_digest(ours)
+    assert after == before, changed_fields(before, after)
+    assert state_digest(theirs) == twins_before
+    assert session.running and session.block_ids.tolist() == row
+    assert session.num_tokens == num_tokens
+    ours.check_invariants()
 
 
 @pytest.mark.parametrize("kind", KINDS)

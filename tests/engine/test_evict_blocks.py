@@ -16,35 +16,11 @@ from typing import Any
 import pytest
 
 from prefixcache import KVBlockAllocator, policies
-from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
+from prefixcache.engine.native_engine import native_available
 from prefixcache.errors import InvalidArgumentError, InvalidBlockIdError, PrefixCacheError
+from prefixcache.testing.engine_setup import CACHING_POLICIES, cache_chain, small_allocator
 
 ENGINES = ["python", "native"]
-CACHING_POLICIES = [name for name in policies.available() if name not in ("belady", "ref_zero")]
-
-
-def _allocator(engine: str, policy: str = "lru", total_count: int = 16, **kwargs: Any) -> Any:
-    if engine == "native" and not (native_available() and policy in NATIVE_POLICIES):
-        pytest.skip(f"the native engine does not run {policy} here")
-    return KVBlockAllocator(
-        total_count=total_count,
-        block_size_tokens=2,
-        device="cpu",
-        eviction_policy=policy,
-        engine=engine,
-        **kwargs,
-    )
-
-
-def _cached_chain(
-    allocator: KVBlockAllocator, hashes: list[int], parent: int | None = None
-) -> list[int]:
-    """Allocate, register (under ``parent``) and release one block per hash; their IDs."""
-    ids = allocator.allocate_memory_blocks(len(hashes))
-    assert ids is not None
-    allocator.register_kv_block_hashes(ids, hashes, parent_hash=parent)
-    allocator.release_memory_blocks(ids)
-    return ids.tolist()
 
 
 def _free(allocator: KVBlockAllocator) -> set[int]:
@@ -55,9 +31,9 @@ def _free(allocator: KVBlockAllocator) -> set[int]:
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("policy", CACHING_POLICIES)
 def test_a_chain_given_in_order_is_freed_tail_first(engine: str, policy: str) -> None:
-    allocator = _allocator(engine, policy)
-    chain = _cached_chain(allocator, [11, 12, 13, 14])
-    other = _cached_chain(allocator, [21, 22])
+    allocator = small_allocator(engine, policy)
+    chain = cache_chain(allocator, [11, 12, 13, 14])
+    other = cache_chain(allocator, [21, 22])
     before = allocator.stats().num_evicted_blocks
     assert allocator.evict_blocks(chain) == 4
     assert allocator.stats().num_evicted_blocks == before + 4
@@ -73,8 +49,8 @@ def test_a_chain_given_in_order_is_freed_tail_first(engine: str, policy: str) ->
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("policy", CACHING_POLICIES)
 def test_a_freed_tail_exposes_its_parent_to_the_policy(engine: str, policy: str) -> None:
-    allocator = _allocator(engine, policy)
-    chain = _cached_chain(allocator, [11, 12, 13])
+    allocator = small_allocator(engine, policy)
+    chain = cache_chain(allocator, [11, 12, 13])
     assert allocator.evict_blocks([chain[2]]) == 1
     allocator.check_invariants()  # the parent is now a leaf the policy tracks
     assert allocator.evict_blocks([chain[0]]) == 0  # still has a child: skipped
@@ -84,8 +60,8 @@ def test_a_freed_tail_exposes_its_parent_to_the_policy(engine: str, policy: str)
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_referenced_unregistered_and_inner_blocks_are_skipped(engine: str) -> None:
-    allocator = _allocator(engine)
-    chain = _cached_chain(allocator, [11, 12, 13])
+    allocator = small_allocator(engine)
+    chain = cache_chain(allocator, [11, 12, 13])
     allocator.acquire_blocks([chain[1]])  # the middle block is referenced again
     unregistered = allocator.allocate_memory_blocks(1).tolist()  # active, no hash
     free = [min(_free(allocator))]
@@ -103,10 +79,10 @@ def test_referenced_unregistered_and_inner_blocks_are_skipped(engine: str) -> No
 def test_end_conversation_keeps_a_shared_prefix_another_chain_hangs_off(
     engine: str, policy: str
 ) -> None:
-    allocator = _allocator(engine, policy)
-    prefix = _cached_chain(allocator, [11, 12])
-    mine = _cached_chain(allocator, [13, 14], parent=12)
-    theirs = _cached_chain(allocator, [15], parent=12)
+    allocator = small_allocator(engine, policy)
+    prefix = cache_chain(allocator, [11, 12])
+    mine = cache_chain(allocator, [13, 14], parent=12)
+    theirs = cache_chain(allocator, [15], parent=12)
     hits_before = allocator.stats().num_hit_blocks
     assert allocator.end_conversation([11, 12, 13, 14]) == 2
     assert allocator.stats().num_hit_blocks == hits_before  # the lookup is no hit
@@ -122,18 +98,18 @@ def test_end_conversation_keeps_a_shared_prefix_another_chain_hangs_off(
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_unknown_hashes_and_prefix_caching_off_free_nothing(engine: str) -> None:
-    allocator = _allocator(engine)
-    _cached_chain(allocator, [11, 12])
+    allocator = small_allocator(engine)
+    cache_chain(allocator, [11, 12])
     assert allocator.end_conversation([99, 11, 12]) == 0
     assert allocator.end_conversation([]) == 0
     assert allocator.evict_blocks([]) == 0
-    off = _allocator(engine, enable_prefix_caching=False)
+    off = small_allocator(engine, enable_prefix_caching=False)
     assert off.end_conversation([11]) == 0
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_ref_zero_frees_nothing(engine: str) -> None:
-    allocator = _allocator(engine, "ref_zero")
+    allocator = small_allocator(engine, "ref_zero")
     ids = allocator.allocate_memory_blocks(2)
     allocator.register_kv_block_hashes(ids, [11, 12])
     assert allocator.evict_blocks(ids) == 0  # referenced
@@ -155,8 +131,8 @@ def test_ref_zero_frees_nothing(engine: str) -> None:
 def test_bad_ids_are_refused_with_nothing_changed(
     engine: str, bad: list[Any], error: type[PrefixCacheError], refuses: Callable[..., Any]
 ) -> None:
-    allocator = _allocator(engine)
-    chain = _cached_chain(allocator, [11, 12])
+    allocator = small_allocator(engine)
+    chain = cache_chain(allocator, [11, 12])
     refuses(allocator, error, allocator.evict_blocks, chain + bad)
     assert allocator.get_evictable_block_count() == 2
 
@@ -165,16 +141,16 @@ def test_bad_ids_are_refused_with_nothing_changed(
 def test_bad_hashes_are_refused_with_nothing_changed(
     engine: str, refuses: Callable[..., Any]
 ) -> None:
-    allocator = _allocator(engine)
-    _cached_chain(allocator, [11, 12])
+    allocator = small_allocator(engine)
+    cache_chain(allocator, [11, 12])
     refuses(allocator, InvalidArgumentError, allocator.end_conversation, [11, "x"])
     refuses(allocator, InvalidArgumentError, allocator.end_conversation, [11, 2**80])
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_removal_events_are_emitted(engine: str) -> None:
-    allocator = _allocator(engine, kv_events_capacity=64)
-    _cached_chain(allocator, [11, 12])
+    allocator = small_allocator(engine, kv_events_capacity=64)
+    cache_chain(allocator, [11, 12])
     allocator.take_events()
     assert allocator.end_conversation([11, 12]) == 2
     removed = [e for e in allocator.take_events() if type(e).__name__ == "BlockRemoved"]
@@ -205,7 +181,7 @@ def test_a_policy_that_raises_midway_leaves_everything_as_it_was(
     allocator = KVBlockAllocator(
         total_count=10, block_size_tokens=2, device="cpu", engine=engine, eviction_policy=policy
     )
-    chain = _cached_chain(allocator, [1, 2, 3])
+    chain = cache_chain(allocator, [1, 2, 3])
     before = digest(allocator)
     policy.armed = True
     with pytest.raises(RuntimeError, match="injected"):

@@ -15,42 +15,24 @@ from typing import Any
 import numpy as np
 import pytest
 
-from prefixcache import KVBlockAllocator, policies
+from prefixcache import KVBlockAllocator
 from prefixcache.engine.locked import ThreadSafeAllocator
-from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
 from prefixcache.errors import (
     BudgetExceededError,
     CapacityError,
     InvalidArgumentError,
     ReferenceCountError,
 )
+from prefixcache.testing.engine_setup import CACHING_POLICIES, cache_chain, small_allocator
 
 PROTECTED = [301, 302, 303]
 OTHER = [401, 402, 403]
 ENGINES = ["python", "native"]
-CACHING_POLICIES = [name for name in policies.available() if name not in ("belady", "ref_zero")]
 
 
-def _allocator(engine: str, policy: str = "lru", total_count: int = 13, **kwargs: Any) -> Any:
-    if engine == "native" and not (native_available() and policy in NATIVE_POLICIES):
-        pytest.skip(f"the native engine does not run {policy} here")
-    return KVBlockAllocator(
-        total_count=total_count,
-        block_size_tokens=2,
-        device="cpu",
-        eviction_policy=policy,
-        engine=engine,
-        **kwargs,
-    )
-
-
-def _cache(allocator: KVBlockAllocator, hashes: list[int]) -> list[int]:
-    """Register ``hashes`` as a chain on fresh blocks and release them: cached."""
-    ids = allocator.allocate_memory_blocks(len(hashes))
-    assert ids is not None
-    allocator.register_kv_block_hashes(ids, hashes)
-    allocator.release_memory_blocks(ids)
-    return ids.tolist()
+def _allocator(engine: str, policy: str = "lru", **kwargs: Any) -> Any:
+    """13 blocks (12 usable): the counts below are worked out for that size."""
+    return small_allocator(engine, policy, total_count=13, **kwargs)
 
 
 def _registered(allocator: KVBlockAllocator, hashes: list[int]) -> list[bool]:
@@ -63,8 +45,8 @@ def test_a_hinted_prefix_outlives_pressure_and_returns_to_the_policy(
     engine: str, policy: str
 ) -> None:
     allocator = _allocator(engine, policy)
-    protected = _cache(allocator, PROTECTED)
-    _cache(allocator, OTHER)
+    protected = cache_chain(allocator, PROTECTED)
+    cache_chain(allocator, OTHER)
     stats = allocator.stats()
     assert allocator.hint_upcoming("queued", [*PROTECTED, 999]) == 3  # 999 is not cached
     assert allocator.num_hinted_blocks == 3 and allocator.num_hints == 1
@@ -87,7 +69,7 @@ def test_a_hinted_prefix_outlives_pressure_and_returns_to_the_policy(
 @pytest.mark.parametrize("engine", ENGINES)
 def test_admission_then_withdrawal_keeps_the_blocks_referenced(engine: str) -> None:
     allocator = _allocator(engine)
-    protected = _cache(allocator, PROTECTED)
+    protected = cache_chain(allocator, PROTECTED)
     allocator.hint_upcoming(7, PROTECTED)
     hit = allocator.match_prefix(PROTECTED, acquire=True)
     assert hit.tolist() == protected
@@ -103,7 +85,7 @@ def test_admission_then_withdrawal_keeps_the_blocks_referenced(engine: str) -> N
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_re_hint_extends_over_blocks_cached_since(engine: str) -> None:
     allocator = _allocator(engine)
-    head = _cache(allocator, PROTECTED[:2])
+    head = cache_chain(allocator, PROTECTED[:2])
     assert allocator.hint_upcoming("q", PROTECTED) == 2
     tail = allocator.allocate_memory_blocks(1)
     allocator.register_kv_block_hashes(tail, PROTECTED[2:], parent_hash=PROTECTED[1])
@@ -119,8 +101,8 @@ def test_a_re_hint_extends_over_blocks_cached_since(engine: str) -> None:
 def test_hints_hold_at_most_the_limit(engine: str) -> None:
     allocator = _allocator(engine)
     assert allocator.hint_limit == allocator.num_usable
-    _cache(allocator, PROTECTED)
-    _cache(allocator, OTHER)
+    cache_chain(allocator, PROTECTED)
+    cache_chain(allocator, OTHER)
     allocator.set_hint_limit(4)
     assert allocator.hint_upcoming("a", PROTECTED[:2]) == 2
     assert allocator.hint_upcoming("b", PROTECTED) == 3  # two shared: one new block
@@ -137,8 +119,8 @@ def test_hints_hold_at_most_the_limit(engine: str) -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_hints_yield_newest_first_rather_than_fail_an_allocation(engine: str) -> None:
     allocator = _allocator(engine)
-    _cache(allocator, PROTECTED)
-    _cache(allocator, OTHER)
+    cache_chain(allocator, PROTECTED)
+    cache_chain(allocator, OTHER)
     allocator.hint_upcoming("old", PROTECTED)
     allocator.hint_upcoming("new", OTHER)
     assert allocator.is_memory_available(12)
@@ -157,10 +139,10 @@ def test_hints_yield_newest_first_rather_than_fail_an_allocation(engine: str) ->
 @pytest.mark.parametrize("engine", ENGINES)
 def test_admissions_and_session_turns_yield_hints(engine: str) -> None:
     allocator = _allocator(engine)
-    _cache(allocator, OTHER)
+    cache_chain(allocator, OTHER)
     tokens = np.arange(20, dtype=np.int64)  # 10 blocks; nothing of it is cached
     hashes = allocator.hash_tokens(tokens[:6])
-    _cache(allocator, hashes)  # its first 3 blocks are
+    cache_chain(allocator, hashes)  # its first 3 blocks are
     allocator.hint_upcoming("mine", hashes)
     allocator.hint_upcoming("other", OTHER)
     row = np.zeros(10, dtype=np.int32)
@@ -173,7 +155,7 @@ def test_admissions_and_session_turns_yield_hints(engine: str) -> None:
     allocator.check_invariants()
 
     fresh = _allocator(engine)
-    _cache(fresh, OTHER)
+    cache_chain(fresh, OTHER)
     fresh.hint_upcoming("other", OTHER)
     session = fresh.open_session()
     assert session.admit(np.arange(100, 120)) == 0  # 10 blocks: 9 free + a yielded hint's
@@ -186,7 +168,7 @@ def test_admissions_and_session_turns_yield_hints(engine: str) -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_resume_yields_hints_when_the_active_budget_refuses(engine: str) -> None:
     allocator = _allocator(engine, paused_count=4)  # active budget 8 of 12
-    _cache(allocator, PROTECTED)
+    cache_chain(allocator, PROTECTED)
     paused = allocator.allocate_memory_blocks(3)
     allocator.pause(paused)
     allocator.hint_upcoming("q", PROTECTED)
@@ -209,7 +191,7 @@ def test_bad_hints_are_refused_and_change_nothing(
     engine: str, refuses: Callable[..., Exception]
 ) -> None:
     allocator = _allocator(engine)
-    _cache(allocator, PROTECTED)
+    cache_chain(allocator, PROTECTED)
     allocator.hint_upcoming("held", PROTECTED)
     for key in (1.5, True, None, (1, 2), 1 << 70):
         refuses(allocator, InvalidArgumentError, allocator.hint_upcoming, key, PROTECTED)
@@ -226,7 +208,7 @@ def test_bad_hints_are_refused_and_change_nothing(
 def test_hints_follow_defragmentation_and_end_at_reset(engine: str) -> None:
     allocator = _allocator(engine)
     filler = allocator.allocate_memory_blocks(6)
-    protected = _cache(allocator, PROTECTED)
+    protected = cache_chain(allocator, PROTECTED)
     allocator.release_memory_blocks(filler)
     allocator.hint_upcoming("q", PROTECTED)
     assert allocator.apply_defragment(allocator.plan_defragment()) == 3
@@ -267,8 +249,8 @@ def test_a_hint_whose_references_a_caller_released_is_never_yielded(
     engine: str, refuses: Callable[..., Exception]
 ) -> None:
     allocator = _allocator(engine)
-    protected = _cache(allocator, PROTECTED)
-    _cache(allocator, OTHER)
+    protected = cache_chain(allocator, PROTECTED)
+    cache_chain(allocator, OTHER)
     allocator.hint_upcoming("q", PROTECTED)
     allocator.hint_upcoming("r", OTHER)
     allocator.release_memory_blocks(protected)  # misuse: the caller never held them

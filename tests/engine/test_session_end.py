@@ -19,54 +19,29 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefixcache import BlockStateError, KVBlockAllocator, PrefixCacheError
+from prefixcache import BlockStateError
 from prefixcache.engine.native_engine import native_available
-from prefixcache.engine.sessions import Session
 from prefixcache.testing import state_digest
+from prefixcache.testing.engine_setup import SESSION_KINDS, open_session, outcome, small_allocator
 from prefixcache.testing.pinned import Twin, as_full_references
 
 BLOCK = 2
-KINDS = ["python", "native", "native+python-session"] if native_available() else ["python"]
-
-
-def _build(engine: str, policy: str = "lru", total: int = 14) -> KVBlockAllocator:
-    return KVBlockAllocator(
-        total_count=total,
-        block_size_tokens=BLOCK,
-        device="cpu",
-        engine=engine,
-        eviction_policy=policy,
-    )
-
-
-def _session(allocator: KVBlockAllocator, kind: str) -> Any:
-    if kind == "native+python-session":
-        return Session(allocator)  # type: ignore[arg-type]  # the facade is its host
-    session = allocator.open_session()
-    assert isinstance(session, Session) == (kind == "python")
-    return session
-
-
-def _outcome(call: Any) -> object:
-    try:
-        return ("ok", call())
-    except PrefixCacheError as error:
-        return ("raised", type(error).__name__, str(error))
+KINDS = SESSION_KINDS
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_end_keeps_the_first_turns_hits_and_a_prefix_another_chain_hangs_off(kind: str) -> None:
     engine = "python" if kind == "python" else "native"
-    allocator = _build(engine, total=20)
+    allocator = small_allocator(engine, total_count=20)
     system = [7, 7, 8, 8]  # two blocks another conversation already cached
-    other = _session(allocator, kind)
+    other = open_session(allocator, kind)
     other.admit([*system, 1, 1])
     other.release()
-    mine = _session(allocator, kind)
+    mine = open_session(allocator, kind)
     assert mine.admit([*system, 2, 2, 3]) == 2  # the shared prefix is hit
     mine.append([3, 4, 4])  # fills two more blocks
     mine.release()
-    refused = _outcome(lambda: mine.admit([5]))
+    refused = outcome(lambda: mine.admit([5]), messages=True)
     assert refused[0] == "ok"
     before = state_digest(allocator)
     with pytest.raises(BlockStateError):
@@ -94,12 +69,12 @@ def test_end_hands_the_pins_stamps_down_to_the_prefix_it_keeps(kind: str, policy
     """A pinned turn's tail owes its ancestors the accesses full references write; end()
     frees the tail and must hand them to the shared prefix it keeps (as eviction does)."""
     engine = "python" if kind == "python" else "native"
-    ours, theirs = _build(engine, policy, 20), _build(engine, policy, 20)
+    ours, theirs = small_allocator(engine, policy, 20), small_allocator(engine, policy, 20)
     for allocator in (ours, theirs):  # another conversation caches the system prompt
-        other = _session(allocator, kind)
+        other = open_session(allocator, kind)
         other.admit([7, 7, 8, 8, 9])
         other.release()
-    mine, twin = _session(ours, kind), Twin(theirs)
+    mine, twin = open_session(ours, kind), Twin(theirs)
     for turn in ([7, 7, 8, 8, 1, 1, 1], [2, 2, 3], [4]):  # pinned chains from the second turn
         assert mine.admit(turn) == twin.admit(turn)
         mine.release()
@@ -138,20 +113,20 @@ def _program(
         session, twin = sessions[index], twins[index]
         if step in ("admit", "append") and session.running == (step == "append"):
             tokens = data.draw(tokens_st, label="tokens")
-            got = _outcome(lambda s=session, t=tokens, n=step: getattr(s, n)(t))
-            want = _outcome(lambda w=twin, t=tokens, n=step: getattr(w, n)(t))
+            got = outcome(lambda s=session, t=tokens, n=step: getattr(s, n)(t), messages=True)
+            want = outcome(lambda w=twin, t=tokens, n=step: getattr(w, n)(t), messages=True)
             assert got[: 2 + messages] == want[: 2 + messages]
         elif step == "release" and session.running:
             session.release()
             twin.release()
         elif step == "end" and (not session.running or index == 0):  # refused now and then
-            got, want = _outcome(session.end), _outcome(twin.end)
+            got, want = outcome(session.end, messages=True), outcome(twin.end, messages=True)
             assert got[: 2 + messages] == want[: 2 + messages]
         elif step == "request":
             tokens = data.draw(tokens_st, label="request")
             for allocator in (ours, theirs):
                 row = np.zeros(8, dtype=np.int32)
-                if _outcome(lambda a=allocator, t=tokens, r=row: a.admit_request(t, r))[0] == "ok":
+                if outcome(lambda a=allocator, t=tokens, r=row: a.admit_request(t, r))[0] == "ok":
                     allocator.release_request(row[: -(-len(tokens) // BLOCK)])
         elif step == "evict":
             count = data.draw(st.integers(0, 3), label="evict")
@@ -181,8 +156,8 @@ def test_ending_sessions_equals_ending_their_twins(
     kind: str, policy: str, total: int, data: st.DataObject
 ) -> None:
     engine = "python" if kind == "python" else "native"
-    ours, theirs = _build(engine, policy, total), _build(engine, policy, total)
-    sessions = [_session(ours, kind) for _ in range(3)]
+    ours, theirs = small_allocator(engine, policy, total), small_allocator(engine, policy, total)
+    sessions = [open_session(ours, kind) for _ in range(3)]
     _program(data, ours, theirs, sessions, [Twin(theirs) for _ in range(3)], messages=False)
 
 
@@ -196,7 +171,8 @@ def test_ending_sessions_equals_ending_their_twins(
 def test_the_native_session_ends_as_the_python_session(
     policy: str, total: int, data: st.DataObject
 ) -> None:
-    ours, theirs = _build("native", policy, total), _build("native", policy, total)
-    natives = [_session(ours, "native") for _ in range(3)]
-    references = [_session(theirs, "native+python-session") for _ in range(3)]
+    ours = small_allocator("native", policy, total)
+    theirs = small_allocator("native", policy, total)
+    natives = [open_session(ours, "native") for _ in range(3)]
+    references = [open_session(theirs, "native+python-session") for _ in range(3)]
     _program(data, ours, theirs, natives, references, messages=True)

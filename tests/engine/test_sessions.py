@@ -35,45 +35,18 @@ from prefixcache import (
     ConfigError,
     InvalidArgumentError,
     KVBlockAllocator,
-    PrefixCacheError,
     ReentrantCallError,
 )
 from prefixcache.engine.locked import ThreadSafeAllocator
 from prefixcache.engine.native_engine import native_available
-from prefixcache.engine.sessions import Session, SessionHandle
+from prefixcache.engine.sessions import Session
 from prefixcache.testing import state_digest
+from prefixcache.testing.engine_setup import SESSION_KINDS, open_session, outcome, small_allocator
 from prefixcache.testing.pinned import Twin, as_full_references
 
 BLOCK = 2
 ENGINES = ["python", "native"] if native_available() else ["python"]
-KINDS = ["python", "native", "native+python-session"] if native_available() else ["python"]
-"""Engine, and on the native engine which session object: the extension's or the reference."""
-
-
-def build(engine: str, policy: str = "lru", total: int = 14) -> KVBlockAllocator:
-    return KVBlockAllocator(
-        total_count=total,
-        block_size_tokens=BLOCK,
-        device="cpu",
-        engine=engine,
-        eviction_policy=policy,
-    )
-
-
-def open_session(allocator: KVBlockAllocator, kind: str) -> SessionHandle:
-    """The allocator's session (native on the fused path), or the Python reference forced."""
-    if kind == "native+python-session":
-        return Session(allocator)  # type: ignore[arg-type]  # the facade is its host
-    session = allocator.open_session()
-    assert isinstance(session, Session) == (kind == "python")
-    return session
-
-
-def outcome(call: Any, messages: bool = False) -> object:
-    try:
-        return ("ok", call())
-    except PrefixCacheError as error:
-        return ("raised", type(error).__name__) + ((str(error),) if messages else ())
+KINDS = SESSION_KINDS
 
 
 def row_of(handle: Any) -> list[int]:
@@ -168,7 +141,7 @@ def test_a_session_turn_equals_a_new_request_over_the_whole_conversation(
     kind: str, policy: str, total: int, data: st.DataObject
 ) -> None:
     engine = "python" if kind == "python" else "native"
-    ours, theirs = build(engine, policy, total), build(engine, policy, total)
+    ours, theirs = small_allocator(engine, policy, total), small_allocator(engine, policy, total)
     sessions = [open_session(ours, kind) for _ in range(3)]
     run_program(data, ours, theirs, sessions, [Twin(theirs) for _ in range(3)])
 
@@ -181,7 +154,8 @@ def test_the_native_session_equals_the_python_session_step_by_step(
 ) -> None:
     """The extension's session against the reference on the same engine: the same
     outcomes (error messages included), rows, token counts and engine state."""
-    ours, theirs = build("native", policy, total), build("native", policy, total)
+    ours = small_allocator("native", policy, total)
+    theirs = small_allocator("native", policy, total)
     natives = [open_session(ours, "native") for _ in range(3)]
     references = [open_session(theirs, "native+python-session") for _ in range(3)]
     run_program(data, ours, theirs, natives, references, messages=True)
@@ -199,7 +173,7 @@ def test_pinned_chains_under_eviction_pressure_equal_full_references(
     kind: str, policy: str, total: int, data: st.DataObject
 ) -> None:
     engine = "python" if kind == "python" else "native"
-    ours, theirs = build(engine, policy, total), build(engine, policy, total)
+    ours, theirs = small_allocator(engine, policy, total), small_allocator(engine, policy, total)
     sessions = [open_session(ours, kind) for _ in range(3)]
     twins = [Twin(theirs) for _ in range(3)]
     turns = ("admit", "admit", "append", "release", "release", "request", "evict", "defrag")
@@ -219,7 +193,7 @@ def five_short_turns(session: Any) -> None:
 @pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "native"])
 def test_a_turn_hashes_only_its_new_tokens(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cost follows the new tokens: only they are hashed and looked up."""
-    allocator = build("python" if kind == "python" else "native", total=64)
+    allocator = small_allocator("python" if kind == "python" else "native", total_count=64)
     session = open_session(allocator, kind)
     assert isinstance(session, Session)
     hashed: list[int] = []
@@ -248,7 +222,7 @@ def test_a_turn_hashes_only_its_new_tokens(kind: str, monkeypatch: pytest.Monkey
 @pytest.mark.skipif(not native_available(), reason="the native engine is not built")
 def test_a_native_turn_hashes_only_its_new_tokens() -> None:
     """The extension's session counts what it hashes and looks up: the same as above."""
-    session: Any = open_session(build("native", total=64), "native")
+    session: Any = open_session(small_allocator("native", total_count=64), "native")
     five_short_turns(session)
     assert session.num_hashed_tokens == 41 + 5 * 5
     assert session.num_looked_up == 20 + 2 * 5
@@ -256,7 +230,8 @@ def test_a_native_turn_hashes_only_its_new_tokens() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_idle_session_holds_nothing_and_survives_eviction(kind: str) -> None:
-    allocator = build("python" if kind == "python" else "native", total=8)  # 7 usable blocks
+    engine = "python" if kind == "python" else "native"
+    allocator = small_allocator(engine, total_count=8)  # 7 usable blocks
     session = open_session(allocator, kind)
     session.admit([1, 2, 3, 4, 5, 6])
     session.release()
@@ -275,7 +250,8 @@ def test_an_idle_session_holds_nothing_and_survives_eviction(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_refusals_change_nothing(kind: str) -> None:
-    allocator = build("python" if kind == "python" else "native", total=6)  # 5 usable blocks
+    engine = "python" if kind == "python" else "native"
+    allocator = small_allocator(engine, total_count=6)  # 5 usable blocks
     session = open_session(allocator, kind)
     with pytest.raises(BlockStateError, match="admit"):
         session.append([1])
@@ -308,7 +284,7 @@ def test_sessions_are_refused_where_they_cannot_keep_the_rule() -> None:
     )
     with pytest.raises(ConfigError, match="verify_prefix_hits"):
         verifying.open_session()
-    shared = ThreadSafeAllocator(build("python"))
+    shared = ThreadSafeAllocator(small_allocator("python", total_count=14))
     with pytest.raises(AttributeError, match="lock"):
         shared.open_session()  # a session is live state: open it on shared.allocator
 
@@ -344,7 +320,7 @@ def test_a_native_step_refuses_reentry(swallow: bool) -> None:
     """Reading the tokens may run Python code (a tensor's numpy()); a call back into the
     engine from there is refused. Raised on, the step fails with it and changes nothing;
     swallowed, the step runs as if the call back never happened."""
-    ours, theirs = build("native", total=32), build("native", total=32)
+    ours, theirs = (small_allocator("native", total_count=32) for _ in range(2))
     session, twin = open_session(ours, "native"), open_session(theirs, "native")
     refusals: list[ReentrantCallError] = []
 

@@ -28,10 +28,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from prefixcache import BudgetExceededError, KVBlockAllocator, PrefixCacheError
+from prefixcache import KVBlockAllocator, PrefixCacheError
 from prefixcache.engine.defragment import DefragmentPlan
 from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
-from prefixcache.testing import changed_fields, state_digest
 from prefixcache.testing.composed_request import serve_composed
 
 pytestmark = [
@@ -424,43 +423,3 @@ def test_the_native_engine_under_wide_hashes_matches_the_python_engine(
     machine = _machine(policy, events, "stack", wide=True)
     machine.TestCase.settings = PROFILE
     machine.TestCase().runTest()
-
-
-def test_fused_path_is_bound_only_without_collaborators() -> None:
-    """The fused calls are the extension's when nothing above the engine must see them."""
-    fused = KVBlockAllocator(total_count=8, device="cpu", engine="native")
-    assert type(fused.admit_request).__name__ == "builtin_function_or_method"
-    with_events = KVBlockAllocator(
-        total_count=8, device="cpu", engine="native", kv_events_capacity=10
-    )
-    assert type(with_events.admit_request).__name__ == "method"
-
-
-def test_a_refused_pause_is_refused_alike_and_changes_nothing() -> None:
-    """Issue 15 item 3 on both engines: the paused budget bounds blocks holding paused references.
-
-    Pausing blocks a running request still holds gives them paused references;
-    when that would exceed the budget, both engines refuse with the same
-    message and change nothing, and a pause that adds no new holder passes.
-    """
-    engines = [
-        KVBlockAllocator(total_count=8, paused_count=2, device="cpu", engine=engine)
-        for engine in ("python", "native")
-    ]
-    messages = []
-    for allocator in engines:
-        ids = allocator.allocate_memory_blocks(3).tolist()
-        allocator.acquire_blocks(ids)  # a second, running holder of each
-        allocator.pause(ids[:2])  # budget full; each block still runs
-        before = state_digest(allocator)
-        with pytest.raises(BudgetExceededError) as refused:
-            allocator.pause(ids[1:])  # ids[2] would be a third holder
-        messages.append(str(refused.value))
-        after = state_digest(allocator)
-        assert after == before, changed_fields(before, after)
-        allocator.pause(ids[1:2])  # a holder's last active reference: no new holder, passes
-        allocator.release_memory_blocks([ids[0], ids[2], ids[2]])  # the running holders finish
-        assert (allocator.get_paused_used(), allocator.get_paused_avail()) == (2, 0)
-        assert allocator._engine.find_problems() == []
-    assert messages[0] == messages[1]
-    assert "1 more block(s)" in messages[0]

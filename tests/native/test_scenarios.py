@@ -5,7 +5,8 @@ tied on their last access, a parent exposed by evicting its last child, a
 pinned cached block with no cached leaf left, a ref-zero release that drops a
 subtree under a referenced descendant, FIFO ignoring touches, free groups
 releasing in ascending ID order. Each runs on the Python and the native engine
-and compares what was handed out and the free stack.
+and compares what was handed out and the free stack. Last, a pause refused by
+the paused budget: the same message on both engines, nothing changed.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from prefixcache import KVBlockAllocator
+from prefixcache import BudgetExceededError, KVBlockAllocator
 from prefixcache.engine.native_engine import native_available
+from prefixcache.testing import changed_fields, state_digest
 
 pytestmark = pytest.mark.skipif(
     not native_available(), reason="the native engine (prefixcache.engine._native) is not built"
@@ -137,3 +139,33 @@ def test_duplicate_release_pushes_sorted_distinct_ids() -> None:
         return [_ids(a.allocate_memory_blocks(7))]
 
     _on_both(script)
+
+
+def test_a_refused_pause_is_refused_alike_and_changes_nothing() -> None:
+    """Issue 15 item 3 on both engines: the paused budget bounds blocks holding paused references.
+
+    Pausing blocks a running request still holds gives them paused references;
+    when that would exceed the budget, both engines refuse with the same
+    message and change nothing, and a pause that adds no new holder passes.
+    """
+    engines = [
+        KVBlockAllocator(total_count=8, paused_count=2, device="cpu", engine=engine)
+        for engine in ("python", "native")
+    ]
+    messages = []
+    for allocator in engines:
+        ids = allocator.allocate_memory_blocks(3).tolist()
+        allocator.acquire_blocks(ids)  # a second, running holder of each
+        allocator.pause(ids[:2])  # budget full; each block still runs
+        before = state_digest(allocator)
+        with pytest.raises(BudgetExceededError) as refused:
+            allocator.pause(ids[1:])  # ids[2] would be a third holder
+        messages.append(str(refused.value))
+        after = state_digest(allocator)
+        assert after == before, changed_fields(before, after)
+        allocator.pause(ids[1:2])  # a holder's last active reference: no new holder, passes
+        allocator.release_memory_blocks([ids[0], ids[2], ids[2]])  # the running holders finish
+        assert (allocator.get_paused_used(), allocator.get_paused_avail()) == (2, 0)
+        assert allocator._engine.find_problems() == []
+    assert messages[0] == messages[1]
+    assert "1 more block(s)" in messages[0]

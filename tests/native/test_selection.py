@@ -1,4 +1,5 @@
-"""Which engine runs: ``engine=``, ``PREFIXCACHE_ENGINE`` and what the native engine supports."""
+"""Which engine runs: ``engine=``, ``PREFIXCACHE_ENGINE`` and what the native engine supports;
+and on it, where the facade binds the fused calls."""
 
 from __future__ import annotations
 
@@ -184,3 +185,13 @@ def test_wide_hashes_run_the_native_engine(hash_algo: str, monkeypatch: pytest.M
     assert allocator.evict_cached_blocks(3) == 3
     assert allocator._engine._key_of == {}, "a removed hash keeps no key"
     allocator.check_invariants()
+
+
+def test_fused_path_is_bound_only_without_collaborators() -> None:
+    """The fused calls are the extension's when nothing above the engine must see them."""
+    fused = KVBlockAllocator(total_count=8, device="cpu", engine="native")
+    assert type(fused.admit_request).__name__ == "builtin_function_or_method"
+    with_events = KVBlockAllocator(
+        total_count=8, device="cpu", engine="native", kv_events_capacity=10
+    )
+    assert type(with_events.admit_request).__name__ == "method"

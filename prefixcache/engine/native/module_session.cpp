@@ -83,8 +83,12 @@ void session_dealloc(PyObject* py_self) {
   Py_TYPE(py_self)->tp_free(py_self);
 }
 
-// admit(tokens) and append(tokens): the running check, then the tokens, then the step.
-PyObject* session_step(PyObject* py_self, PyObject* arg, bool admit) {
+// Runs ``body(self, engine)`` as every call that uses the engine must: the session
+// initialised, the engine's CallGuard held for the whole call (no re-entry), the engine
+// the one it opened on (engine_of). ``body`` returns a new reference, or nullptr with an
+// error set; an EngineError or bad_alloc it throws becomes the library's Python error.
+template <typename Body>
+PyObject* with_engine(PyObject* py_self, Body body) {
   SessionObject* self = session_of(py_self);
   if (!self->engine) return not_initialised();
   CallGuard guard(&self->engine->busy);
@@ -92,28 +96,31 @@ PyObject* session_step(PyObject* py_self, PyObject* arg, bool admit) {
   Engine* engine = engine_of(self);
   if (!engine) return nullptr;
   try {
-    self->state->expect_running(!admit);
-  } catch (const EngineError& error) {
-    return native_raise(error.kind, error.message);
-  }
-  Tokens tokens;
-  if (!native_parse_tokens(self->engine, arg, &tokens)) return nullptr;
-  if (!tokens.count) {
-    return native_raise(ErrorKind::kInvalidArgument,
-                        "a turn or an append needs at least one token");
-  }
-  try {
-    if (admit) {
-      return PyLong_FromLongLong(self->state->admit(*engine, self->engine->layout_epoch,
-                                                    tokens.data, tokens.count));
-    }
-    self->state->append(*engine, tokens.data, tokens.count);
+    return body(self, *engine);
   } catch (const EngineError& error) {
     return native_raise(error.kind, error.message);
   } catch (const std::bad_alloc&) {
     return PyErr_NoMemory();
   }
-  Py_RETURN_NONE;
+}
+
+// admit(tokens) and append(tokens): the running check, then the tokens, then the step.
+PyObject* session_step(PyObject* py_self, PyObject* arg, bool admit) {
+  return with_engine(py_self, [arg, admit](SessionObject* self, Engine& engine) -> PyObject* {
+    self->state->expect_running(!admit);
+    Tokens tokens;
+    if (!native_parse_tokens(self->engine, arg, &tokens)) return nullptr;
+    if (!tokens.count) {
+      return native_raise(ErrorKind::kInvalidArgument,
+                          "a turn or an append needs at least one token");
+    }
+    if (admit) {
+      return PyLong_FromLongLong(
+          self->state->admit(engine, self->engine->layout_epoch, tokens.data, tokens.count));
+    }
+    self->state->append(engine, tokens.data, tokens.count);
+    Py_RETURN_NONE;
+  });
 }
 
 PyObject* session_admit(PyObject* py_self, PyObject* arg) { return session_step(py_self, arg, true); }
@@ -123,38 +130,16 @@ PyObject* session_append(PyObject* py_self, PyObject* arg) {
 }
 
 PyObject* session_release(PyObject* py_self, PyObject*) {
-  SessionObject* self = session_of(py_self);
-  if (!self->engine) return not_initialised();
-  CallGuard guard(&self->engine->busy);
-  if (!guard.admitted()) return nullptr;
-  Engine* engine = engine_of(self);
-  if (!engine) return nullptr;
-  try {
-    self->state->release(*engine, self->engine->layout_epoch);
-  } catch (const EngineError& error) {
-    return native_raise(error.kind, error.message);
-  } catch (const std::bad_alloc&) {
-    return PyErr_NoMemory();
-  }
-  Py_RETURN_NONE;
+  return with_engine(py_self, [](SessionObject* self, Engine& engine) -> PyObject* {
+    self->state->release(engine, self->engine->layout_epoch);
+    Py_RETURN_NONE;
+  });
 }
 
 PyObject* session_end(PyObject* py_self, PyObject*) {
-  SessionObject* self = session_of(py_self);
-  if (!self->engine) return not_initialised();
-  CallGuard guard(&self->engine->busy);
-  if (!guard.admitted()) return nullptr;
-  Engine* engine = engine_of(self);
-  if (!engine) return nullptr;
-  int64_t freed = 0;
-  try {
-    freed = self->state->end(*engine);
-  } catch (const EngineError& error) {
-    return native_raise(error.kind, error.message);
-  } catch (const std::bad_alloc&) {
-    return PyErr_NoMemory();
-  }
-  return PyLong_FromLongLong(freed);
+  return with_engine(py_self, [](SessionObject* self, Engine& engine) -> PyObject* {
+    return PyLong_FromLongLong(self->state->end(engine));
+  });
 }
 
 // Getters read the state only (no engine call): no guard needed.

@@ -1,5 +1,5 @@
 // SessionState (session.h): a session's turn composed of the engine's calls, in the order
-// and with the arguments of prefixcache/engine/sessions.py's Session (its fused-path
+// and with the arguments of prefixcache/engine/python_session.py's Session (its fused-path
 // branch: no collaborator watches, prefix caching on). Each step names the Python lines it
 // mirrors; the differential tests in tests/engine/test_sessions.py run both side by side.
 

@@ -1,6 +1,6 @@
 // SessionState: a conversation's chain between turns, native (issue 27; DESIGN.md, "Sessions").
 //
-// The C++ twin of prefixcache/engine/sessions.py's Session, for the fused path (the native
+// The C++ twin of prefixcache/engine/python_session.py's Session, for the fused path (the native
 // engine with xxh3_64 chains from the facade's root and no collaborator watching): the
 // hashes of the conversation's full blocks, the blocks that held them (the block-table row,
 // grown in place by doubling), the tokens of the partial last block and the allocator's
