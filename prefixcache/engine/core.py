@@ -168,9 +168,10 @@ class EngineCore(Protocol):
         pins keep. O(1)."""
         ...
 
-    def pin_chain(self, block_ids: np.ndarray, num_queried: int) -> None:
-        """``take_hit(block_ids, num_queried, acquire=True)`` on a chain of two or more
-        blocks, referencing only its last (engine/pins.py)."""
+    def pin_chain(self, tail: int, chain_length: int, num_queried: int) -> None:
+        """``take_hit(chain, num_queried, acquire=True)`` on a cached chain of
+        ``chain_length`` >= 2 blocks ending at ``tail``, referencing only the tail
+        (engine/pins.py). O(1): the ancestors are never read."""
         ...
 
     def release_pinned(self, block_ids: np.ndarray, chain_length: int) -> None:

@@ -247,8 +247,8 @@ class NativeEngine:
     def pin_bound(self) -> int:
         return int(self.core.pin_bound)
 
-    def pin_chain(self, block_ids: np.ndarray, num_queried: int) -> None:
-        self.core.pin_chain(block_ids, num_queried)
+    def pin_chain(self, tail: int, chain_length: int, num_queried: int) -> None:
+        self.core.pin_chain(tail, chain_length, num_queried)
 
     def release_pinned(self, block_ids: np.ndarray, chain_length: int) -> None:
         self.core.release_pinned(block_ids, chain_length)

@@ -127,25 +127,25 @@ class PythonPinSteps:
         """An upper bound on the cached blocks pins keep: their chains' lengths. O(1)."""
         return self.refs.pin_bound
 
-    def pin_chain(self, block_ids: np.ndarray, num_queried: int) -> None:
-        """``take_hit(block_ids, num_queried, acquire=True)`` referencing only the tail.
+    def pin_chain(self, tail: int, chain_length: int, num_queried: int) -> None:
+        """``take_hit(chain, num_queried, acquire=True)`` on a cached chain of
+        ``chain_length`` (two or more) blocks ending at ``tail``, referencing only the tail.
 
-        ``block_ids`` is a hit chain of two or more blocks (each the parent of
-        the next); the counters and the tail's stamp are what ``take_hit``
-        writes, the ancestors' stamps are noted on the tail.
+        The counters and the tail's stamp are what ``take_hit`` writes, the
+        ancestors' stamps are noted on the tail. O(1): the ancestors are
+        never read (the caller found the chain cached).
 
         Raises:
             ReferenceCountError: the tail's count would pass its limit.
         """
-        tail = block_ids[-1:]
-        self.take_hit(tail, 0, acquire=True)
-        refs, block_id = self.refs, int(tail[0])
-        refs.pins[block_id] += 1
-        refs.pin_bound += len(block_ids) - 1
-        refs.pin_pending[block_id] += 1
-        refs.pin_stamp[block_id] = refs.last_access[block_id]
+        self.take_hit(np.array([tail], dtype=np.intp), 0, acquire=True)
+        refs = self.refs
+        refs.pins[tail] += 1
+        refs.pin_bound += chain_length - 1
+        refs.pin_pending[tail] += 1
+        refs.pin_stamp[tail] = refs.last_access[tail]
         self._num_queried += num_queried
-        self._num_hits += len(block_ids) - 1
+        self._num_hits += chain_length - 1
 
     def release_pinned(self, block_ids: np.ndarray, chain_length: int) -> None:
         """Release ``block_ids`` (``block_ids[0]`` a tail pinned with ``chain_length``) and

@@ -159,7 +159,7 @@ class Session:
         # one on each of its blocks, where the engine allows it and nothing watches.
         pinned = num_hit if num_hit > 1 and self._can_pin else 0
         if pinned:
-            engine.pin_chain(hit, num_matchable)
+            engine.pin_chain(int(hit[-1]), num_hit, num_matchable)
         elif host.enable_prefix_caching:  # as admit_request: no lookup is counted without it
             engine.take_hit(hit, num_matchable, acquire=True)
         new = self._allocate(needed)

@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from prefixcache import BlockStateError, CapacityError, KVBlockAllocator, ReferenceCountError
+from prefixcache import (
+    BlockStateError,
+    CapacityError,
+    InvalidArgumentError,
+    InvalidBlockIdError,
+    KVBlockAllocator,
+    ReferenceCountError,
+)
 from prefixcache.testing import changed_fields, state_digest
 from prefixcache.testing.engine_setup import SESSION_KINDS, open_session, small_allocator
 from prefixcache.testing.pinned import Twin, as_full_references
@@ -132,6 +139,30 @@ def test_releasing_a_pinned_turn_after_a_reset_is_refused_with_nothing_changed(
     assert session.running and session.block_ids.tolist() == row
     assert session.num_tokens == num_tokens
     ours.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("tail", "chain_length", "error"),
+    [
+        (15, 2, InvalidBlockIdError),  # the dummy block
+        (99, 2, InvalidBlockIdError),
+        (-1, 2, InvalidArgumentError),
+        (3, 1, InvalidArgumentError),  # a chain of one is a plain hit
+        ("3", 2, InvalidArgumentError),
+    ],
+)
+def test_the_native_pin_refuses_a_bad_tail_or_chain_with_nothing_changed(
+    tail: Any, chain_length: int, error: type[Exception]
+) -> None:
+    """The binding reads only the tail (O(1) whatever the chain's length), so the tail and
+    the length are what it checks, before any write."""
+    allocator = small_allocator("native", "lru", 16)
+    allocator.allocate_memory_blocks(3)
+    before = state_digest(allocator)
+    with pytest.raises(error):
+        allocator._engine.core.pin_chain(tail, chain_length, 0)
+    after = state_digest(allocator)
+    assert after == before, changed_fields(before, after)
 
 
 @pytest.mark.parametrize("kind", KINDS)

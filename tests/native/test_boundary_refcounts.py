@@ -137,7 +137,7 @@ def test_every_engine_method_leaves_its_arguments_refcounts_as_they_were() -> No
         ("move", (ids, True)),
         ("lookup", (hashes,)),
         ("take_hit", (ids, 2, True)),
-        ("pin_chain", (ids, 2)),
+        ("pin_chain", (3, 2, 2)),
         ("release_pinned", (ids, 2)),
         ("reclaimable", (ids,)),
         ("num_evictable", (3,)),

@@ -126,8 +126,9 @@ class Engine {
   bool can_pin() const noexcept { return policy_ && !policy_->uses_on_hit(); }
   /// The pinned chains' ancestors counted with repeats: at least the cached blocks they keep.
   int64_t pin_bound() const noexcept { return pin_bound_; }
-  /// take_hit(ids, count, num_queried, true) on a chain of count >= 2, referencing its last.
-  void pin_chain(const int32_t* ids, size_t count, int64_t num_queried);
+  /// take_hit(chain, chain_length, num_queried, true) on a chain of chain_length >= 2 blocks
+  /// ending at tail, referencing only the tail: O(1), the ancestors are never read.
+  void pin_chain(int32_t tail, int64_t chain_length, int64_t num_queried);
   /// Release ids (ids[0] a tail pinned with a chain of chain_length) and the pin.
   void release_pinned(const int32_t* ids, size_t count, int64_t chain_length);
   /// Free plus cached blocks less the cached ones among ids and those pinned chains keep.

@@ -16,18 +16,17 @@
 
 namespace prefixcache {
 
-void Engine::pin_chain(const int32_t* ids, size_t count, int64_t num_queried) {
-  const int32_t tail = ids[count - 1];
+void Engine::pin_chain(int32_t tail, int64_t chain_length, int64_t num_queried) {
   take_hit(&tail, 1, 0, true);  // checks before it writes; nothing below throws
   if (pins_[tail]++ == 0) {
     pinned_at_[tail] = static_cast<int32_t>(pinned_list_.size());
     pinned_list_.push_back(tail);
   }
-  pin_bound_ += static_cast<int64_t>(count) - 1;
+  pin_bound_ += chain_length - 1;
   ++pin_pending_[tail];
   pin_stamp_[tail] = last_access_[tail];
   counters_.num_queried += num_queried;
-  counters_.num_hits += static_cast<int64_t>(count) - 1;
+  counters_.num_hits += chain_length - 1;
 }
 
 void Engine::release_pinned(const int32_t* ids, size_t count, int64_t chain_length) {

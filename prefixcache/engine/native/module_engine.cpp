@@ -334,7 +334,8 @@ PyMethodDef g_methods[] = {
      "take_hit(block_ids, num_queried, acquire)"},
     {"acquire", ENTER(engine_acquire), METH_O, "acquire(block_ids)"},
     {"pin_chain", ENTER_FAST(engine_pin_chain), METH_FASTCALL | METH_KEYWORDS,
-     "pin_chain(block_ids, num_queried): take_hit referencing only the chain's tail"},
+     "pin_chain(tail, chain_length, num_queried): take_hit on a chain, referencing only its "
+     "tail"},
     {"release_pinned", ENTER_FAST(engine_release_pinned), METH_FASTCALL | METH_KEYWORDS,
      "release_pinned(block_ids, chain_length): release block_ids and the pin on block_ids[0]"},
     {"reclaimable", ENTER(engine_reclaimable), METH_O,

@@ -10,24 +10,31 @@
 
 namespace prefixcache {
 
+// O(1): only the tail is read (the caller found the chain cached), whatever its length.
 FASTCALL(engine_pin_chain) {
-  static const char* const names[] = {"block_ids", "num_queried"};
+  static const char* const names[] = {"tail", "chain_length", "num_queried"};
   EngineObject* self = self_of(py_self);
-  PyObject* bound[2];
-  if (!ready(self) || !native_bind_args("pin_chain", args, nargs, kwnames, names, 2, 2, bound)) {
+  PyObject* bound[3];
+  if (!ready(self) || !native_bind_args("pin_chain", args, nargs, kwnames, names, 3, 3, bound)) {
     return nullptr;
   }
-  int64_t num_queried;
-  bool huge;
-  if (!native_parse_count(bound[1], "num_queried", &num_queried, &huge) ||
-      !native_parse_ids(bound[0], self->engine->num_usable(), *self->ids, "block_ids")) {
+  int64_t tail, chain_length, num_queried;
+  bool huge_tail, huge_length, huge_queried;
+  if (!native_parse_count(bound[0], "tail", &tail, &huge_tail) ||
+      !native_parse_count(bound[1], "chain_length", &chain_length, &huge_length) ||
+      !native_parse_count(bound[2], "num_queried", &num_queried, &huge_queried)) {
     return nullptr;
   }
-  if (huge) return native_raise(ErrorKind::kInvalidArgument, "num_queried is too large");
-  if (self->ids->size() < 2) {
-    return native_raise(ErrorKind::kInvalidArgument, "a pinned chain has two blocks or more");
+  const int32_t num_usable = self->engine->num_usable();
+  if (huge_tail || tail >= num_usable) {
+    return native_raise(ErrorKind::kInvalidBlockId,
+                        "tail is outside [0, " + std::to_string(num_usable) + ")");
   }
-  GUARD(self->engine->pin_chain(self->ids->data(), self->ids->size(), num_queried);)
+  if (huge_length || huge_queried || chain_length < 2) {
+    return native_raise(ErrorKind::kInvalidArgument,
+                        "a pinned chain has two blocks or more (and counts that fit)");
+  }
+  GUARD(self->engine->pin_chain(static_cast<int32_t>(tail), chain_length, num_queried);)
   Py_RETURN_NONE;
 }
 

@@ -123,7 +123,8 @@ int64_t SessionState::admit(Engine& engine, int64_t epoch, const int32_t* tokens
   // chain pin (engine_pins.cpp): the tail's reference stands for one on each hit block.
   const size_t pinned = num_hit > 1 && engine.can_pin() ? num_hit : 0;
   if (pinned) {
-    engine.pin_chain(hit, num_hit, static_cast<int64_t>(num_matchable));
+    engine.pin_chain(hit[num_hit - 1], static_cast<int64_t>(num_hit),
+                     static_cast<int64_t>(num_matchable));
   } else {
     engine.take_hit(hit, num_hit, static_cast<int64_t>(num_matchable), true);
   }
