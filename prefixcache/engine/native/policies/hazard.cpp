@@ -6,7 +6,9 @@
 // log-spaced age bin) and scores the oldest leaf of each class by the empirical hazard of
 // reuse within window lifetimes; the lowest score goes, ties to the oldest. Every count,
 // table refresh and score repeats the Python class's double arithmetic in its order. The
-// class heaps share one position and key array (a leaf is in one class at a time).
+// class heaps share one position and key array (a leaf is in one class at a time). The leaf
+// inserted last waits outside its heap until another call comes (pending_): evicting a chain
+// from its end, each exposed parent is mostly the next victim, so it never enters a heap.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -89,6 +91,11 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
   }
 
   void insert(int32_t block_id, const LeafInfo& leaf) override {
+    settle();
+    // Both maps are probed below unless the stay is live, and the history again when the
+    // leaf is the next victim (most are: a victim's exposed parent): start loading both.
+    history_.prefetch(leaf.block_hash);
+    returned_.prefetch(leaf.block_hash);
     now_ = std::max(now_, leaf.last_access);
     Stay& stay = stays_[block_id];
     if (stay.live && stay.block_hash == leaf.block_hash &&
@@ -104,12 +111,11 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
       stay.last_access = leaf.last_access;
     } else {
       int64_t num_uses = leaf.num_accesses;
-      if (const int64_t* earlier = returned_.get(leaf.block_hash)) {
-        num_uses += *earlier;  // its reuse was recorded at registration
-        returned_.erase(leaf.block_hash);
-      } else if (const Ghost* ghost = history_.get(leaf.block_hash)) {
-        const Ghost seen = *ghost;
-        history_.erase(leaf.block_hash);
+      int64_t earlier_uses;
+      Ghost seen;
+      if (returned_.take(leaf.block_hash, &earlier_uses)) {
+        num_uses += earlier_uses;  // its reuse was recorded at registration
+      } else if (history_.take(leaf.block_hash, &seen)) {
         learning_.record_reuse(seen.klass, leaf.last_access - seen.last_access);
         num_uses += seen.num_uses;
       }
@@ -118,7 +124,7 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
                   leaf.last_access, klass};
       learning_.enter(klass);
     }
-    heaps_.insert(block_id, stay.klass, stay.last_access, stay.depth);
+    pending_ = block_id;  // the heap insert waits: the next eviction most likely takes it
   }
 
   void on_register(const int64_t* hashes, size_t count, int64_t) override {
@@ -126,20 +132,24 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
     for (size_t i = 0; i < std::min(count, kAhead); ++i) history_.prefetch(hashes[i]);
     for (size_t i = 0; i < count; ++i) {
       if (i + kAhead < count) history_.prefetch(hashes[i + kAhead]);
-      const Ghost* ghost = history_.get(hashes[i]);
-      if (!ghost) continue;
-      const Ghost seen = *ghost;
-      history_.erase(hashes[i]);
+      Ghost seen;
+      if (!history_.take(hashes[i], &seen)) continue;
       learning_.record_reuse(seen.klass, now_ - seen.last_access);
       returned_.put(hashes[i], seen.num_uses);
       if (static_cast<int64_t>(returned_.size()) > history_capacity_) returned_.pop_oldest();
     }
   }
 
-  void discard(int32_t block_id) override { heaps_.remove(block_id); }
+  void discard(int32_t block_id) override {
+    if (block_id == pending_) {
+      pending_ = kNoBlock;
+    } else {
+      heaps_.remove(block_id);
+    }
+  }
 
   void touch(int32_t block_id, int64_t now) override {
-    heaps_.remove(block_id);
+    discard(block_id);
     Stay& stay = stays_[block_id];
     now_ = std::max(now_, now);
     learning_.record_reuse(stay.klass, now - stay.last_access);
@@ -151,27 +161,50 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
   }
 
   int32_t evict_one() override {
-    if (heaps_.size() == 0) return kNoBlock;
+    // Each class's oldest leaf competes; the pending leaf is its class's oldest when it is
+    // older than the heap's top (or the heap is empty).
+    const uint32_t in_heaps = heaps_.non_empty();
+    uint32_t classes = in_heaps;
+    int pending_class = -1;
+    Entry pending{};
+    if (pending_ != kNoBlock) {
+      const Stay& stay = stays_[pending_];
+      pending_class = stay.klass;
+      pending = Entry{stay.last_access, -stay.depth, pending_};
+      classes |= uint32_t{1} << pending_class;
+    }
+    if (classes == 0) return kNoBlock;
     int best_class = -1;
     double best_score = 0.0;
+    const Entry* best = nullptr;
     const double reach = learning_.reach();
-    for (uint32_t classes = heaps_.non_empty(); classes; classes &= classes - 1) {
+    for (; classes; classes &= classes - 1) {
       const int klass = lowest_bit(classes);  // classes in increasing order, as Python's
-      const double age = static_cast<double>(now_ - heaps_.top_access(klass));
+      const Entry* top = klass == pending_class && (!(in_heaps >> klass & 1) ||
+                                                    pending < heaps_.top(klass))
+                             ? &pending
+                             : &heaps_.top(klass);
+      const double age = static_cast<double>(now_ - top->last_access);
       const double candidate_score = learning_.score(klass, age, reach);
       if (best_class < 0 || candidate_score < best_score ||
-          (candidate_score == best_score && heaps_.top(klass) < heaps_.top(best_class))) {
+          (candidate_score == best_score && *top < *best)) {
         best_class = klass;
         best_score = candidate_score;
+        best = top;
       }
     }
-    const int32_t block_id = heaps_.top(best_class).block_id;
-    heaps_.remove(block_id);
+    const int32_t block_id = best->block_id;
+    if (best == &pending) {
+      pending_ = kNoBlock;
+    } else {
+      heaps_.remove(block_id);
+    }
     forget(block_id);
     return block_id;
   }
 
   void clear() override {
+    pending_ = kNoBlock;
     heaps_.clear();
     std::fill(stays_.begin(), stays_.end(), Stay{});
     history_.clear();
@@ -180,14 +213,26 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
     now_ = 0;
   }
 
-  size_t size() const noexcept override { return heaps_.size(); }
-  bool contains(int32_t block_id) const noexcept override { return heaps_.contains(block_id); }
+  size_t size() const noexcept override { return heaps_.size() + (pending_ != kNoBlock); }
+  bool contains(int32_t block_id) const noexcept override {
+    return block_id == pending_ || heaps_.contains(block_id);
+  }
   size_t memory_bytes() const noexcept override {
     return heaps_.memory_bytes() + stays_.capacity() * sizeof(Stay) + history_.memory_bytes() +
            returned_.memory_bytes() + sizeof(*this);
   }
 
  private:
+  using Entry = HazardClassHeaps<kNumClasses>::Entry;
+
+  // Put the pending leaf into its class's heap.
+  void settle() {
+    if (pending_ == kNoBlock) return;
+    const Stay& stay = stays_[pending_];
+    heaps_.insert(pending_, stay.klass, stay.last_access, stay.depth);
+    pending_ = kNoBlock;
+  }
+
   void forget(int32_t block_id) {
     Stay& stay = stays_[block_id];
     stay.live = false;
@@ -206,6 +251,9 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
   LinkedMap<int64_t> returned_;  // hash registered again -> uses of earlier stays
   Learning learning_;
   int64_t now_ = 0;  // the largest clock value seen
+  // The last leaf inserted, tracked but kept out of the heaps until another call needs them
+  // in order (mostly a victim's exposed parent, which is the next victim); or kNoBlock.
+  int32_t pending_ = kNoBlock;
 };
 
 }  // namespace

@@ -13,7 +13,7 @@
 //   row (rows_) instead of the rows being written.
 // - A class's score depends on the age only through two bins, so it is kept with them and
 //   computed again only when either bin changes, the class's count changes (enter) or the
-//   tables refresh.
+//   tables refresh; the bins are kept across the last two (they depend on the ages alone).
 // Not thread-safe.
 #ifndef PREFIXCACHE_ENGINE_NATIVE_POLICIES_HAZARD_LEARNING_H_
 #define PREFIXCACHE_ENGINE_NATIVE_POLICIES_HAZARD_LEARNING_H_
@@ -55,7 +55,7 @@ class HazardLearning {
   /// Count a block entering ``klass`` (an event).
   void enter(int klass) {
     entered_[klass] += 1.0;
-    scored_[klass].forget();
+    scored_[klass].fresh = false;
     tick();
   }
 
@@ -81,27 +81,37 @@ class HazardLearning {
     const double y = (age + reach) + 1.0;
     Scored& scored = scored_[klass];
     if (scored.x_low <= x && x < scored.x_high && scored.y_low <= y && y < scored.y_high) {
-      return scored.score;
+      if (scored.fresh) return scored.score;
+    } else {
+      scored.low = bins_.bin(x);
+      scored.high = bins_.bin(y) + 1;
+      bins_.range(scored.low, scored.x_low, scored.x_high);
+      bins_.range(scored.high - 1, scored.y_low, scored.y_high);
     }
-    const int low = bins_.bin(x);
-    const int high = bins_.bin(y) + 1;
-    const int low_row = std::min(low, rows_), high_row = std::min(high, rows_);
+    const int low_row = std::min(scored.low, rows_), high_row = std::min(scored.high, rows_);
     const double reused_in_window =
         cumulative_[high_row][klass] - cumulative_[low_row][klass] +
         prior_weight_ * (pooled_[high_row] - pooled_[low_row]);
     const double survivors = entered_[klass] - cumulative_[low_row][klass] +
                              prior_weight_ * (1.0 - pooled_[low_row]);
     scored.score = survivors > 0 ? reused_in_window / survivors : 0.0;
-    bins_.range(low, scored.x_low, scored.x_high);
-    bins_.range(high - 1, scored.y_low, scored.y_high);
+    scored.fresh = true;
     return scored.score;
   }
 
  private:
-  struct Scored {  // a class's score, valid while age + 1 and age + reach + 1 stay in
-    double x_low, x_high, y_low, y_high;  // [x_low, x_high) and [y_low, y_high)
+  // A class's two bins, valid while age + 1 and age + reach + 1 stay in [x_low, x_high) and
+  // [y_low, y_high) (the bins depend on nothing else), and its score at them while fresh
+  // (until the class's count changes or the tables refresh).
+  struct Scored {
+    double x_low, x_high, y_low, y_high;
     double score;
-    void forget() noexcept { x_low = std::numeric_limits<double>::infinity(); }
+    int low, high;  // bin of age + 1, and 1 + bin of age + reach + 1
+    bool fresh;
+    void forget() noexcept {
+      x_low = std::numeric_limits<double>::infinity();
+      fresh = false;
+    }
   };
 
   void tick() {
@@ -147,7 +157,7 @@ class HazardLearning {
       for (int klass = 0; klass < kNumClasses; ++klass) sum += cumulative_[row][klass];
       pooled_[row] = sum * scale;
     }
-    for (Scored& scored : scored_) scored.forget();
+    for (Scored& scored : scored_) scored.fresh = false;
   }
 
   const double decay_;
