@@ -93,8 +93,11 @@ def make_scheduler(
     )
 
 
-def make_request(request_id: str, tokens: list[int], block_size: int = 16) -> Any:
-    """A ``Request`` for ``tokens`` (one output token), hashed by vLLM's block hasher."""
+def make_request(
+    request_id: str, tokens: list[int], block_size: int = 16, max_tokens: int = 1
+) -> Any:
+    """A ``Request`` for ``tokens`` that stops after ``max_tokens`` output tokens (no
+    end-of-sequence token stops it), hashed by vLLM's block hasher."""
     global _hasher
     utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
     if _hasher is None:
@@ -102,7 +105,8 @@ def make_request(request_id: str, tokens: list[int], block_size: int = 16) -> An
         utils.init_none_hash(sha256)
         _hasher = utils.get_request_block_hasher(block_size, sha256)
     request = importlib.import_module("vllm.v1.request")
-    params = importlib.import_module("vllm.sampling_params").SamplingParams(max_tokens=1)
+    sampling = importlib.import_module("vllm.sampling_params")
+    params = sampling.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return request.Request(
         request_id,
         prompt_token_ids=tokens,
