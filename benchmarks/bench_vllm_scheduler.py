@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         best = reference(OPTIMUM_POLICY).hit_rate
         for policy in args.policies.split(","):
-            off, pre_off, _ = serve(requests, capacity, policy, 0.0, args)
+            off, pre_off, seconds_off = serve(requests, capacity, policy, 0.0, args)
             on, pre_on, seconds = serve(requests, capacity, policy, args.share, args)
             ref_off = reference(policy).hit_rate
             ref_on = reference(policy, queue_hints=True).hit_rate
@@ -143,7 +143,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"{pre_off}/{pre_on} |",
                 flush=True,
             )
-            print(f"{family} {policy}: {seconds:.0f} s a vLLM run", file=sys.stderr, flush=True)
+            print(
+                f"{family} {policy}: vLLM runs {seconds_off:.1f} s hints off, {seconds:.1f} s on",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
