@@ -28,8 +28,13 @@ FINISHED = importlib.import_module("vllm.v1.request").RequestStatus.FINISHED_STO
 
 
 @pytest.fixture(autouse=True)
-def _uninstalled() -> Iterator[None]:
+def _uninstalled(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No plugin before or after; the coordinator builds the ``BlockPool`` the plugin
+    wraps (a test that reloads vLLM's block pool leaves it the class from before)."""
     plugin.uninstall()
+    coordinator = importlib.import_module("vllm.v1.core.kv_cache_coordinator")
+    pool_class = importlib.import_module("vllm.v1.core.block_pool").BlockPool
+    monkeypatch.setattr(coordinator, "BlockPool", pool_class)
     yield
     plugin.uninstall()
 
