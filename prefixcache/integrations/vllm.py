@@ -42,6 +42,10 @@ other policy, or a policy class or factory, runs its Python object in the Python
 block) are wrapped by C method descriptors (``_native.BlockPoolHook``) that do the
 wrapper's work in C for the native queue, counting the metrics there until they are read.
 
+Scheduler queue hints (:mod:`.vllm_hints`, off by default: ``queue_hints`` /
+``PREFIXCACHE_VLLM_QUEUE_HINTS``): after each ``Scheduler.schedule`` the free cached blocks
+on queued requests' cached prefixes leave the policy's order and are handed out last.
+
 Costs: ``append``/``remove``/``popleft`` O(1) plus the policy's O(log n); the views
 vLLM's tests read (``fake_free_list_head``, ``get_all_free_blocks``) replay the order on a
 copy, O(n log n). Not thread-safe, as vLLM's queue (the scheduler owns its pool).
@@ -60,7 +64,7 @@ from typing import Any
 from prefixcache import policies
 from prefixcache.engine.version import installed_version
 from prefixcache.errors import ConfigError
-from prefixcache.integrations import vllm_metrics
+from prefixcache.integrations import vllm_hints, vllm_metrics
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
 from prefixcache.integrations.vllm_native_queue import native_queue, native_queue_spec
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue, policy_hash
@@ -73,6 +77,7 @@ from prefixcache.integrations.vllm_wrappers import (
 from prefixcache.policies import EvictionPolicy, UnknownPolicyError
 
 __all__ = [
+    "HINTS_ENV",
     "OPTIONS_ENV",
     "POLICY_ENV",
     "SUPPORTED_VERSION",
@@ -97,6 +102,10 @@ POLICY_ENV = "PREFIXCACHE_VLLM_POLICY"
 
 OPTIONS_ENV = "PREFIXCACHE_VLLM_POLICY_OPTIONS"
 """Environment variable with the policy's keyword arguments as a JSON object (optional)."""
+
+HINTS_ENV = vllm_hints.HINTS_ENV
+"""Environment variable: the share of each pool that scheduler queue hints may hold
+(:mod:`.vllm_hints`); unset, empty or 0: no hints (the default)."""
 
 AUTO_POLICY = "protected_lru"
 """What ``"auto"`` means until a policy registers under that name.
@@ -154,7 +163,12 @@ _patches: list[_Patch] = []
 _LOG = logging.getLogger(__name__)
 
 
-def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any) -> None:
+def install(
+    policy: str | Callable[..., EvictionPolicy] = "auto",
+    *,
+    queue_hints: float = 0.0,
+    **options: Any,
+) -> None:
     """Make vLLM's v1 block pools built from now on evict in ``policy``'s order.
 
     Idempotent: calling it again (also after ``importlib.reload`` of vLLM's modules)
@@ -163,16 +177,23 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
     Args:
         policy: a registered policy name (``prefixcache.policies.available()``), or
             ``"auto"``, or a policy class or zero-argument factory.
+        queue_hints: the share of each pool (0 to 1) that the cached prefixes of
+            queued requests may hold, handed out last while they wait
+            (:mod:`.vllm_hints`; refreshed once per scheduler step, every pool the
+            plugin built, from the next step on); 0, the default, turns hints off.
         **options: keyword arguments for the policy's constructor.
 
     Raises:
-        ConfigError: unknown or unusable policy, bad options, vLLM missing, not
-            0.33.x, or without a method the plugin wraps. Nothing is changed then.
+        ConfigError: unknown or unusable policy, bad options, a hint share outside
+            [0, 1], vLLM missing, not 0.33.x, or without a method the plugin wraps.
+            Nothing is changed then.
 
     Complexity: O(1).
     """
+    share = vllm_hints.parse_share(queue_hints)
     make_policy, name = _policy_factory(policy, dict(options))
     block_pool, scheduler = _vllm_modules()
+    vllm_hints.set_share(share)
     sample = make_policy()
     _FACTORY.make_policy, _FACTORY.name = make_policy, name
     _FACTORY.fast_lru = type(sample) is policies.LRUPolicy
@@ -198,11 +219,12 @@ def install(policy: str | Callable[..., EvictionPolicy] = "auto", **options: Any
     vllm_metrics.metrics()  # the families exist (and a name clash is logged) from now on
     # One line at start-up says what runs: a user reading vLLM's log sees the policy.
     _LOG.info(
-        "prefixcache %s: vLLM %s block pools built from now on evict with policy %r (%s)",
+        "prefixcache %s: vLLM %s block pools built from now on evict with policy %r (%s)%s",
         installed_version(),
         getattr(importlib.import_module("vllm"), "__version__", "unknown"),
         name,
         _FACTORY.runs,
+        f", queue hints up to {share:g} of the pool" if share else "",
     )
 
 
@@ -213,6 +235,7 @@ def uninstall() -> bool:
     start). Complexity: O(1).
     """
     removed = bool(_patches)
+    vllm_hints.set_share(0.0)
     while _patches:
         patch = _patches.pop()
         setattr(patch.owner, patch.name, patch.original)
@@ -229,8 +252,9 @@ def register() -> None:
     """The vLLM general plugin (entry point group ``vllm.general_plugins``).
 
     Installs the policy named by ``PREFIXCACHE_VLLM_POLICY`` with the options in
-    ``PREFIXCACHE_VLLM_POLICY_OPTIONS`` (a JSON object); does nothing when the
-    variable is unset or empty. vLLM may call it once per process.
+    ``PREFIXCACHE_VLLM_POLICY_OPTIONS`` (a JSON object) and the queue hints' share in
+    ``PREFIXCACHE_VLLM_QUEUE_HINTS``; does nothing when the policy variable is unset or
+    empty. vLLM may call it once per process.
 
     Raises:
         ConfigError: as :func:`install`, or the options are not a JSON object.
@@ -245,7 +269,10 @@ def register() -> None:
         raise ConfigError(f"{OPTIONS_ENV} is not JSON: {exc}") from exc
     if not isinstance(options, dict):
         raise ConfigError(f"{OPTIONS_ENV} must be a JSON object, got {raw!r}")
-    install(name, **options)
+    if "queue_hints" in options:
+        raise ConfigError(f"{OPTIONS_ENV} holds the policy's options: set {HINTS_ENV} instead")
+    share = vllm_hints.parse_share(os.environ.get(HINTS_ENV, "").strip() or 0)
+    install(name, queue_hints=share, **options)
 
 
 def _policy_factory(

@@ -19,7 +19,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any
 
 from prefixcache.errors import InvariantError
-from prefixcache.integrations.vllm_queue import _INNER, _LEAF, PolicyFreeBlockQueue
+from prefixcache.integrations.vllm_queue import _HINTED, _INNER, _LEAF, PolicyFreeBlockQueue
 from prefixcache.policies import EvictionPolicy
 
 __all__ = ["LeafHeap", "LruFreeBlockQueue"]
@@ -97,7 +97,8 @@ class LruFreeBlockQueue(PolicyFreeBlockQueue):
         super().__init__(blocks, self._leaves)
 
     def popleft_n(self, n: int) -> list[Any]:
-        """Hand out ``n`` blocks: hash-less first, then the oldest free leaf each time.
+        """Hand out ``n`` blocks: hash-less first, then the oldest free leaf each time
+        (then inner blocks, then hinted ones, as the base class).
 
         Raises:
             ValueError: fewer than ``n`` blocks are free (nothing changes).
@@ -123,10 +124,13 @@ class LruFreeBlockQueue(PolicyFreeBlockQueue):
                     del live[block_id]
                     break
             else:  # no leaf: the oldest freed block whose children are all in use
-                if not inner:
+                if inner:
+                    block_id = next(iter(inner))
+                    del inner[block_id]
+                elif self._hinted:  # only queued prefixes left: the newest hint first
+                    block_id = self._hinted.popitem(last=True)[0]
+                else:
                     raise InvariantError(f"{self.num_free_blocks} blocks counted free, none found")
-                block_id = next(iter(inner))
-                del inner[block_id]
             del where[block_id]
             parent = parents.pop(block_id, None)
             if parent is not None:
@@ -164,6 +168,8 @@ class LruFreeBlockQueue(PolicyFreeBlockQueue):
             raise RuntimeError(f"remove() called on an invalid block: {block}")
         elif section == _INNER:
             del self._inner[block_id]
+        elif section == _HINTED:
+            del self._hinted[block_id]
         else:
             del self._first[block_id]
         self.num_free_blocks -= 1

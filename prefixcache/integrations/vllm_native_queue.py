@@ -23,7 +23,8 @@ from typing import Any
 from prefixcache.engine.native_engine import native_available, native_module
 from prefixcache.engine.selection import ENGINE_ENV, native_policy_spec
 from prefixcache.errors import ConfigError
-from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue, _End
+from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue
+from prefixcache.integrations.vllm_queue_views import _End
 from prefixcache.policies import EvictionPolicy, has_hook
 
 __all__ = ["native_queue", "native_queue_class", "native_queue_spec"]

@@ -8,31 +8,20 @@ fast path for ``"lru"``.
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import xxhash
 
-from prefixcache.errors import InvariantError
+from prefixcache.errors import InvalidArgumentError, InvariantError
+from prefixcache.integrations.vllm_queue_views import FreeQueueViews, _End
 from prefixcache.policies import EvictionPolicy, has_hook
 
 __all__ = ["PolicyFreeBlockQueue", "policy_hash"]
 
 _MASK63 = (1 << 63) - 1
-_FIRST, _LEAF, _INNER = 1, 2, 3  # where a free block is
-
-
-class _End:
-    """The fake head or tail of the linked view, as vLLM's queue has (``block_id`` -1)."""
-
-    __slots__ = ("block_id", "next_free_block", "prev_free_block")
-
-    def __init__(self) -> None:
-        self.block_id = -1
-        self.prev_free_block: Any = None
-        self.next_free_block: Any = None
+_FIRST, _LEAF, _INNER, _HINTED = 1, 2, 3, 4  # where a free block is
 
 
 def policy_hash(key: object) -> int:
@@ -49,7 +38,7 @@ def policy_hash(key: object) -> int:
     return hash(key) & _MASK63
 
 
-class PolicyFreeBlockQueue:
+class PolicyFreeBlockQueue(FreeQueueViews):
     """vLLM's ``FreeKVCacheBlockQueue`` interface, cached blocks ordered by a policy.
 
     Queue interface (what ``BlockPool`` calls): ``num_free_blocks``, :meth:`popleft`,
@@ -57,7 +46,13 @@ class PolicyFreeBlockQueue:
     :meth:`prepend_n`, :meth:`get_all_free_blocks`, :meth:`iter_blocks_after`.
     Learning (the wrapped ``BlockPool`` methods call these): :meth:`note_registered`,
     :meth:`note_hits`, :meth:`note_hash_removed`, :meth:`note_moved`,
-    :meth:`note_reset`. Checking: :meth:`check_invariants`.
+    :meth:`note_reset`. Scheduler hints: :meth:`set_hinted`, :attr:`num_hinted_blocks`.
+    Views (:class:`FreeQueueViews`): ``fake_free_list_head``, :meth:`get_all_free_blocks`,
+    :meth:`iter_blocks_after`. Checking: :meth:`check_invariants`.
+
+    Sections of the free blocks, in hand-out order: hash-less blocks; the policy's
+    leaves (cached, no cached child); inner blocks (cached, a cached child in use);
+    hinted blocks (cached, on a queued request's cached prefix: :meth:`set_hinted`).
 
     Blocks are vLLM ``KVCacheBlock`` objects (or anything with ``block_id``,
     ``block_hash``, ``is_null`` and the two link fields); state is keyed by
@@ -79,6 +74,7 @@ class PolicyFreeBlockQueue:
         self.num_free_blocks = 0
         self._first: OrderedDict[int, Any] = OrderedDict()  # hash-less, handed out first
         self._inner: OrderedDict[int, Any] = OrderedDict()  # cached, with a cached child
+        self._hinted: OrderedDict[int, Any] = OrderedDict()  # queued prefixes, oldest hint first
         self._head, self._tail = _End(), _End()  # the linked view's ends
         self._where: dict[int, int] = {}  # free block -> section
         self._blocks: dict[int, Any] = {}  # block_id -> block, every block seen
@@ -104,7 +100,8 @@ class PolicyFreeBlockQueue:
         return self.popleft_n(1)[0]
 
     def popleft_n(self, n: int) -> list[Any]:
-        """Hand out ``n`` blocks: hash-less ones first, then the policy's victims.
+        """Hand out ``n`` blocks: hash-less ones first, then the policy's victims, then
+        inner blocks, then hinted ones (the newest hint's deepest block first).
 
         A victim's parent becomes a leaf at once, so the next victim may be it. The
         victims keep their hashes; ``BlockPool.get_new_blocks`` removes them next.
@@ -133,6 +130,8 @@ class PolicyFreeBlockQueue:
             elif inner:  # no leaf: the oldest freed block whose children are all in use
                 block_id = next(iter(inner))
                 del inner[block_id]
+            elif self._hinted:  # only queued prefixes left: the farthest use first
+                block_id = self._hinted.popitem(last=True)[0]
             else:
                 raise InvariantError(f"{self.num_free_blocks} blocks counted free, none found")
             del where[block_id]
@@ -156,6 +155,8 @@ class PolicyFreeBlockQueue:
             self.policy.discard(block.block_id)
         elif section == _INNER:
             del self._inner[block.block_id]
+        elif section == _HINTED:
+            del self._hinted[block.block_id]
         else:
             del self._first[block.block_id]
         self.num_free_blocks -= 1
@@ -206,35 +207,62 @@ class PolicyFreeBlockQueue:
                 raise RuntimeError(f"block {block_id} is already free")
             seen.add(block_id)
 
-    @property
-    def fake_free_list_head(self) -> Any:
-        """vLLM's fake head, its ``next_free_block`` chain linked through every free
-        block in hand-out order now (a view for tests: later changes do not update it).
-        Complexity: O(n log n)."""
-        self._link_view()
-        return self._head
+    # ------------------------------------------------------------------ scheduler hints
 
     @property
-    def fake_free_list_tail(self) -> Any:
-        """The fake tail of the view :attr:`fake_free_list_head` links. O(n log n)."""
-        self._link_view()
-        return self._tail
+    def num_hinted_blocks(self) -> int:
+        """Free blocks in the hinted section now. O(1)."""
+        return len(self._hinted)
 
-    def get_all_free_blocks(self) -> list[Any]:
-        """Every free block, next handed out first (read on a copy). O(n log n)."""
-        return self._eviction_order()
+    def set_hinted(self, blocks: Iterable[Any], limit: int) -> int:
+        """Replace the hinted section: the free cached blocks among ``blocks``, at most
+        ``limit`` of them; return how many.
 
-    def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
-        """Free blocks in hand-out order after ``cursor`` (all when None; none when
-        ``cursor`` is not free, as vLLM's queue). Complexity: O(n log n)."""
-        order = self._eviction_order()
-        if cursor is None:
-            yield from order
-            return
-        for index, block in enumerate(order):
-            if block is cursor:
-                yield from order[index + 1 :]
-                return
+        ``blocks`` lists the cached prefixes of the queued requests in scheduling order,
+        each from its first block (the plugin's scheduler wrapper looks them up once per
+        step); a block in use, hash-less or listed before is skipped, so the bound
+        keeps the head of the prefix that reaches it. A hinted block leaves the
+        policy's leaves (or the inner blocks) and is handed out only when no other free
+        block is left, the last listed first: under first-come-first-served admission
+        the newest hint is the farthest use. A block no longer hinted goes back where it
+        belongs (a leaf to the policy, with its stamp, uses and depth; an inner block to
+        the inner blocks' end). Every hinted block stays free: vLLM's counts of free
+        blocks and its usage do not change.
+
+        Raises:
+            InvalidArgumentError: ``limit`` is negative (nothing changes).
+
+        Complexity: O(len(blocks) + previously hinted), plus the policy's O(log n) per
+        block that changes section.
+        """
+        if limit < 0:
+            raise InvalidArgumentError(f"the hint limit must be >= 0, got {limit}")
+        where, depth = self._where, self._depth
+        picked: OrderedDict[int, Any] = OrderedDict()
+        for block in blocks:
+            if len(picked) >= limit:
+                break
+            block_id = block.block_id
+            if where.get(block_id, _FIRST) != _FIRST and block_id in depth:
+                picked.setdefault(block_id, self._blocks[block_id])
+        # Dropped hints go back to their section, deepest first: an inner block's place is
+        # by free order, and vLLM frees a request's blocks from its last one.
+        for block_id, block in reversed(self._hinted.items()):
+            if block_id not in picked:
+                if block_id in self._children:
+                    self._inner[block_id] = block
+                    where[block_id] = _INNER
+                else:
+                    self._insert_leaf(block)
+        for block_id in picked:
+            section = where[block_id]
+            if section == _LEAF:
+                self.policy.discard(block_id)
+            elif section == _INNER:
+                del self._inner[block_id]
+            where[block_id] = _HINTED
+        self._hinted = picked
+        return len(picked)
 
     # ------------------------------------------------------------------ learning
 
@@ -299,6 +327,8 @@ class PolicyFreeBlockQueue:
             self.policy.discard(block_id)
         elif section == _INNER:
             del self._inner[block_id]
+        elif section == _HINTED:
+            del self._hinted[block_id]
         else:
             return
         self._first[block_id] = block
@@ -345,7 +375,7 @@ class PolicyFreeBlockQueue:
             table.clear()
         self._accesses.clear()
         self._stamp.clear()
-        self._first, self._inner = OrderedDict(), OrderedDict()
+        self._first, self._inner, self._hinted = OrderedDict(), OrderedDict(), OrderedDict()
         self.num_free_blocks = 0
         self.prepend_n(order)
 
@@ -355,14 +385,17 @@ class PolicyFreeBlockQueue:
         Raises:
             InvariantError: naming the first broken invariant.
         """
-        sections = {key: 0 for key in (_FIRST, _LEAF, _INNER)}
+        sections = {key: 0 for key in (_FIRST, _LEAF, _INNER, _HINTED)}
         for block_id, section in self._where.items():
             sections[section] += 1
             if section == _LEAF and (block_id in self._children or block_id not in self.policy):
                 raise InvariantError(f"free leaf {block_id} has children or is not tracked")
             if section == _INNER and block_id not in self._children:
                 raise InvariantError(f"free inner block {block_id} has no cached child")
-        for section, chain in ((_FIRST, self._first), (_INNER, self._inner)):
+            if section == _HINTED and block_id not in self._depth:
+                raise InvariantError(f"hinted block {block_id} is not cached")
+        chains = ((_FIRST, self._first), (_INNER, self._inner), (_HINTED, self._hinted))
+        for section, chain in chains:
             if [self._where.get(b) for b in chain] != [section] * len(chain):
                 raise InvariantError(f"chain {section} disagrees with the section map")
         if sections[_LEAF] != len(self.policy) or sum(sections.values()) != self.num_free_blocks:
@@ -378,9 +411,13 @@ class PolicyFreeBlockQueue:
     def _insert_leaf(self, block: Any) -> None:
         block_id = block.block_id
         self._where[block_id] = _LEAF
-        key = block.block_hash
-        self.policy.insert(
-            block_id,
+        self.policy.insert(block_id, *self._leaf_args(block_id))
+
+    def _leaf_args(self, block_id: int) -> tuple[int, int, int, int]:
+        """The policy's view of a leaf: hash (a hash-less block, which ``unpin_blocks``
+        appends, is keyed by its ID), free stamp, use count, depth."""
+        key = self._blocks[block_id].block_hash
+        return (
             policy_hash(("unpinned", block_id) if key is None else key),
             self._stamp.get(block_id, 0),
             self._accesses.get(block_id, 1),
@@ -410,42 +447,3 @@ class PolicyFreeBlockQueue:
                     self._insert_leaf(self._blocks[parent])
         for child in self._children.pop(block_id, ()):
             del self._parent[child]
-
-    def _eviction_order(self) -> list[Any]:
-        """The hand-out order, replayed on a copy of the policy and the link counts."""
-        order = list(self._first.values())
-        policy = copy.deepcopy(self.policy)
-        inner = dict.fromkeys(self._inner)
-        num_children = {parent: len(kids) for parent, kids in self._children.items()}
-        while True:
-            victims = policy.evict(1)
-            if victims:
-                block_id = victims[0]
-            elif inner:
-                block_id = next(iter(inner))
-                del inner[block_id]
-            else:
-                break
-            order.append(self._blocks[block_id])
-            parent = self._parent.get(block_id)
-            if parent is not None:
-                num_children[parent] -= 1
-                if num_children[parent] == 0 and parent in inner:
-                    del inner[parent]
-                    block = self._blocks[parent]
-                    policy.insert(
-                        parent,
-                        policy_hash(block.block_hash),
-                        self._stamp.get(parent, 0),
-                        self._accesses.get(parent, 1),
-                        self._depth.get(parent, 0),
-                    )
-        return order
-
-    def _link_view(self) -> None:
-        """Link the fake head, every free block in hand-out order, and the fake tail."""
-        before = self._head
-        for block in self._eviction_order():
-            before.next_free_block, block.prev_free_block = block, before
-            before = block
-        before.next_free_block, self._tail.prev_free_block = self._tail, before

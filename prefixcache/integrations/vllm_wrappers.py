@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefixcache.engine.native_engine import native_available, native_module
-from prefixcache.integrations import vllm_metrics
+from prefixcache.integrations import vllm_hints, vllm_metrics
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue
 
 _MARK = "__prefixcache_original__"  # on a wrapper: the vLLM function it wraps
@@ -148,11 +148,14 @@ def _wrap_scheduler_init(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
     """After each scheduler step the counts waiting in the native queues go to Prometheus
-    (an engine-core process writes them to the multiprocess directory then)."""
+    (an engine-core process writes them to the multiprocess directory then), and the
+    queued requests' cached prefixes are hinted in the pool's queue when hints are on
+    (:mod:`.vllm_hints`: admission is over, so they are what still waits)."""
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         output = original(self, *args, **kwargs)
         vllm_metrics.flush_all()
+        vllm_hints.refresh(self)
         return output
 
     setattr(schedule, _MARK, original)

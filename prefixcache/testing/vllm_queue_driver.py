@@ -29,13 +29,25 @@ class Block:
         self.next_free_block: Any = None
 
 
-def queue_run(queue: Any, blocks: list[Block], seed: int, steps: int = 150) -> list[Any]:
+def queue_run(
+    queue: Any, blocks: list[Block], seed: int, steps: int = 150, *, hints: bool = False
+) -> list[Any]:
     """Random queue calls as vLLM makes them, frees in any order (so a free parent may
-    have a child in use, and no leaf may be left); record every hand-out order."""
+    have a child in use, and no leaf may be left); record every hand-out order.
+
+    With ``hints``, a fifth of the steps instead replace the hinted section
+    (``set_hinted``) with random blocks, free or held, cached or not, some listed twice,
+    under a random limit, as the plugin's scheduler wrapper does once per step."""
     rng = random.Random(seed)
     held: list[Block] = []
     seen: list[Any] = []
     for _ in range(steps):
+        if hints and rng.random() < 0.2:
+            listed = [rng.choice(blocks) for _ in range(rng.randint(0, 2 * len(blocks)))]
+            seen.append((queue.set_hinted(listed, rng.randint(0, len(blocks))), ids(listed)))
+            queue.check_invariants()
+            seen.append((queue.num_hinted_blocks, ids(queue.get_all_free_blocks())))
+            continue
         roll = rng.random()
         if roll < 0.35 and queue.num_free_blocks:
             taken = queue.popleft_n(rng.randint(1, min(4, queue.num_free_blocks)))

@@ -46,6 +46,16 @@ def test_the_native_queue_hands_out_what_the_python_queue_does(name: str) -> Non
         assert runs[0] == runs[1], (name, seed)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_the_two_queues_agree_with_scheduler_hints(name: str) -> None:
+    """Hinted sections replaced between vLLM's calls: the same counts hinted and the
+    same hand-out orders in both queues, and every run hints some blocks."""
+    for seed in range(12):
+        runs = [queue_run(queue, blocks, seed, hints=True) for queue, blocks in both(name, 12)]
+        assert runs[0] == runs[1], (name, seed)
+        assert any(isinstance(step, tuple) and step[0] > 0 for step in runs[0]), (name, seed)
+
+
 @pytest.mark.parametrize("name", ["lru", "s3fifo", "arc"])
 def test_a_reset_keeps_the_hand_out_order_and_forgets_the_rest(name: str) -> None:
     orders = []

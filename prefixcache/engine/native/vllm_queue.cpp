@@ -168,6 +168,8 @@ VllmQueueCore::VllmQueueCore(int32_t num_blocks, std::unique_ptr<Policy> policy,
   where_.assign(n, Section::kNone);
   first_.reset(n);
   inner_.reset(n);
+  hinted_.reset(n);
+  picked_.assign(n, 0);
   stamp_.assign(n, 0);
   depth_.assign(n, -1);
   accesses_.assign(n, 0);
@@ -218,7 +220,7 @@ bool VllmQueueCore::ids_of(PyObject* seq, std::vector<int32_t>& ids,
 
 // _check_not_free: a block already free or listed twice, before any change.
 bool VllmQueueCore::check_not_free(const std::vector<int32_t>& ids) {
-  constexpr auto kSeen = static_cast<Section>(4);
+  constexpr auto kSeen = static_cast<Section>(5);
   size_t i = 0;
   for (; i < ids.size() && where_[ids[i]] == Section::kNone; ++i) where_[ids[i]] = kSeen;
   for (size_t j = 0; j < i; ++j) where_[ids[j]] = Section::kNone;
@@ -321,6 +323,9 @@ bool VllmQueueCore::take_victim(int32_t* out) {
   } else if (inner_.size()) {  // no leaf: the oldest freed block whose children are in use
     id = inner_.front();
     inner_.erase(id);
+  } else if (hinted_.size()) {  // only queued prefixes left: the newest hint first
+    id = hinted_.back();
+    hinted_.erase(id);
   } else {
     return invariant(std::to_string(num_free_) + " blocks counted free, none found");
   }
@@ -378,6 +383,8 @@ bool VllmQueueCore::remove(PyObject* block) {
     policy_->discard(static_cast<int32_t>(id));
   } else if (section == Section::kInner) {
     inner_.erase(static_cast<int32_t>(id));
+  } else if (section == Section::kHinted) {
+    hinted_.erase(static_cast<int32_t>(id));
   } else {
     first_.erase(static_cast<int32_t>(id));
   }

@@ -32,6 +32,7 @@ class IdChain {
   void push_front(int32_t id);
   void erase(int32_t id);
   int32_t front() const noexcept { return head_; }
+  int32_t back() const noexcept { return tail_; }
   int32_t next(int32_t id) const noexcept { return next_[static_cast<size_t>(id)]; }
   size_t size() const noexcept { return size_; }
 
@@ -56,7 +57,7 @@ PyObject* hash_key(PyObject* block);
 bool raw_id(PyObject* block, long long* out);
 }  // namespace vllm_block
 
-enum class Section : int8_t { kNone = 0, kFirst = 1, kLeaf = 2, kInner = 3 };
+enum class Section : int8_t { kNone = 0, kFirst = 1, kLeaf = 2, kInner = 3, kHinted = 4 };
 
 /// The queue's state and operations. Every method that returns bool returns false with a
 /// Python exception set; errors about the caller's input are raised before any change.
@@ -81,6 +82,10 @@ class VllmQueueCore {
   bool prepend_n(PyObject* blocks);  // a list or tuple
   bool note_registered(PyObject* blocks, Py_ssize_t start, Py_ssize_t stop);
   bool note_hits(PyObject* blocks);  // any iterable
+  /// set_hinted: the hinted section becomes the free cached blocks of ``blocks`` (a list
+  /// or tuple), at most ``limit``; ``*out``: how many (vllm_queue_hints.cpp).
+  bool set_hinted(PyObject* blocks, int64_t limit, int64_t* out);
+  int64_t num_hinted() const noexcept { return static_cast<int64_t>(hinted_.size()); }
   bool note_hash_removed(PyObject* block);
   bool knows(int64_t block_id) const noexcept;
   bool note_moved(PyObject* source, PyObject* target);
@@ -113,6 +118,8 @@ class VllmQueueCore {
   std::vector<PyObject*> blocks_;  // strong references, every block seen
   std::vector<Section> where_;
   IdChain first_, inner_;              // hash-less (handed out first); inner, in free order
+  IdChain hinted_;                     // on queued prefixes, oldest hint first (set_hinted)
+  std::vector<char> picked_;           // set_hinted's scratch marks, all 0 between calls
   std::vector<int64_t> stamp_;         // clock when last freed (0: none)
   std::vector<int64_t> depth_;         // position in its block table (-1: not registered)
   std::vector<int64_t> accesses_;      // 1 + prefix hits since filled (0: none)

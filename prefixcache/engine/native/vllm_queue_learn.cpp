@@ -104,6 +104,8 @@ bool VllmQueueCore::note_hash_removed(PyObject* block) {
     policy_->discard(id);
   } else if (section == Section::kInner) {
     inner_.erase(id);
+  } else if (section == Section::kHinted) {
+    hinted_.erase(id);
   } else {
     return true;
   }
@@ -148,6 +150,7 @@ bool VllmQueueCore::note_reset() {
   stamp_.assign(n, 0);
   first_.reset(n);
   inner_.reset(n);
+  hinted_.reset(n);
   num_free_ = 0;
   Ref seq{PySequence_Fast(order.object, "eviction order")};
   return seq.object && prepend_n(seq.object);
@@ -169,14 +172,19 @@ bool VllmQueueCore::eviction_order(PyObject** out) {
     inner.push_back(id);
     in_inner[id] = 1;
   }
+  std::vector<int32_t> hinted;  // oldest hint first: handed out from the back
+  for (int32_t id = hinted_.front(); id != kNoBlock; id = hinted_.next(id)) hinted.push_back(id);
   std::vector<int32_t> num_children = num_children_;
   while (true) {
     int32_t id = policy->evict_one();
-    if (id == kNoBlock) {
-      if (!inner.size()) break;
+    if (id == kNoBlock && inner.size()) {
       id = inner.front();
       inner.erase(id);
       in_inner[id] = 0;
+    } else if (id == kNoBlock) {
+      if (hinted.empty()) break;
+      id = hinted.back();
+      hinted.pop_back();
     }
     if (PyList_Append(order.object, blocks_[id]) < 0) return false;
     const int32_t parent = parent_[id];
@@ -195,7 +203,7 @@ bool VllmQueueCore::eviction_order(PyObject** out) {
 }
 
 bool VllmQueueCore::check_invariants() {
-  int64_t sections[4] = {0, 0, 0, 0};
+  int64_t sections[5] = {0, 0, 0, 0, 0};
   for (int32_t id = 0; id < num_blocks_; ++id) {
     const Section section = where_[id];
     sections[static_cast<int>(section)] += 1;
@@ -209,9 +217,13 @@ bool VllmQueueCore::check_invariants() {
                    "free inner block " + std::to_string(id) + " has no cached child");
       return false;
     }
+    if (section == Section::kHinted && depth_[id] < 0) {
+      native_raise(ErrorKind::kInvariant, "hinted block " + std::to_string(id) + " is not cached");
+      return false;
+    }
   }
-  const std::pair<const IdChain*, Section> chains[] = {{&first_, Section::kFirst},
-                                                       {&inner_, Section::kInner}};
+  const std::pair<const IdChain*, Section> chains[] = {
+      {&first_, Section::kFirst}, {&inner_, Section::kInner}, {&hinted_, Section::kHinted}};
   for (const auto& [chain, section] : chains) {
     size_t length = 0;
     for (int32_t id = chain->front(); id != kNoBlock; id = chain->next(id), ++length) {
@@ -226,7 +238,7 @@ bool VllmQueueCore::check_invariants() {
       return false;
     }
   }
-  const int64_t num_free = sections[1] + sections[2] + sections[3];
+  const int64_t num_free = sections[1] + sections[2] + sections[3] + sections[4];
   if (sections[2] != static_cast<int64_t>(policy_->size()) || num_free != num_free_) {
     native_raise(ErrorKind::kInvariant, "sections vs " + std::to_string(num_free_) + " free");
     return false;

@@ -174,6 +174,27 @@ PyObject* queue_note_hits(PyObject* self, PyObject* blocks) {
   Py_RETURN_NONE;
 }
 
+PyObject* queue_set_hinted(PyObject* self, PyObject* args) {
+  PyObject* blocks;
+  long long limit;
+  if (!PyArg_ParseTuple(args, "OL", &blocks, &limit)) return nullptr;
+  PyObject* seq = PySequence_Fast(blocks, "blocks must be iterable");
+  if (!seq) return nullptr;
+  VllmQueueCore* core = core_of(self);
+  int64_t count = 0;
+  bool ok = false;
+  if (core) {
+    try {
+      ok = core->set_hinted(seq, limit, &count);
+    } catch (const std::bad_alloc&) {
+      PyErr_NoMemory();
+    }
+  }
+  Py_DECREF(seq);
+  if (!ok) return nullptr;
+  return PyLong_FromLongLong(count);
+}
+
 PyObject* queue_note_hash_removed(PyObject* self, PyObject* block) {
   QUEUE_CALL(core->note_hash_removed(block))
   Py_RETURN_NONE;
@@ -224,6 +245,11 @@ PyObject* queue_take_counts(PyObject* self, PyObject*) {
                        static_cast<long long>(core->take_evictions()));
 }
 
+PyObject* queue_num_hinted(PyObject* self, void*) {
+  VllmQueueCore* core = core_of(self);
+  return core ? PyLong_FromLongLong(core->num_hinted()) : nullptr;
+}
+
 PyObject* queue_num_free(PyObject* self, void*) {
   VllmQueueCore* core = core_of(self);
   return core ? PyLong_FromLongLong(core->num_free()) : nullptr;
@@ -241,6 +267,8 @@ PyMethodDef g_queue_methods[] = {
     {"note_registered", ENTER(queue_note_registered), METH_VARARGS,
      "note_registered(blocks, start, stop): blocks[start:stop] were just cached"},
     {"note_hits", ENTER(queue_note_hits), METH_O, "note_hits(blocks): handed out as a prefix hit"},
+    {"set_hinted", ENTER(queue_set_hinted), METH_VARARGS,
+     "set_hinted(blocks, limit) -> int: the hinted section, the free cached blocks listed"},
     {"note_hash_removed", ENTER(queue_note_hash_removed), METH_O,
      "note_hash_removed(block): the block lost its hashes"},
     {"knows", ENTER(queue_knows), METH_O, "knows(block_id) -> bool: any state for the block"},
@@ -260,6 +288,7 @@ PyMethodDef g_queue_methods[] = {
 
 PyGetSetDef g_queue_getset[] = {
     {"num_free_blocks", queue_num_free, nullptr, "free blocks (vLLM's queue attribute)", nullptr},
+    {"num_hinted_blocks", queue_num_hinted, nullptr, "free blocks in the hinted section", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
