@@ -1,9 +1,10 @@
-"""``arc`` and ``reuse_lru``: ``evicts_first`` books exactly what insert-then-evict(1) does.
+"""``arc``, ``reuse_lru``, ``protected_lru``: ``evicts_first`` books what insert-then-evict does.
 
 When a chain eviction exposes a parent, the engine asks the policy whether it would evict
 that parent next; on ``True`` it evicts it without inserting it, and the policy must book
 the eviction itself (ARC: the ghost hit and ``p``, the stay, the ghost list it joins;
-reuse_lru: the clock, the eviction age, the stay, the history). Programs of random calls
+reuse_lru: the clock, the eviction age, the stay, the history; protected_lru: the stay,
+the history). Programs of random calls
 run the shortcut against the round trip it replaces: the same victims, the same whole
 state after every step (Python classes, field by field), the same state under an abort,
 the same hidden state of the native policies (probed by what they do afterwards), and the
@@ -36,6 +37,9 @@ CASES = [
     ("reuse_lru", {"history_capacity": 2, "age_smoothing": 1.0}),
     ("reuse_lru", {"history_capacity": 0, "reuse_weight": 0.0}),
     ("reuse_lru", {"reuse_weight": 2.5, "age_smoothing": 0.3}),
+    ("protected_lru", {}),
+    ("protected_lru", {"history_capacity": 2}),
+    ("protected_lru", {"history_capacity": 0}),
 ]
 IDS = [f"{name}-{i}" for i, (name, _) in enumerate(CASES)]
 NUM_BLOCKS = 12
@@ -43,12 +47,19 @@ HASHES = range(1_000, 1_020)  # few, so ghost lists and histories get hits
 
 
 def image(policy: Any) -> dict[str, Any]:
-    """The whole state of a Python ``arc`` or ``reuse_lru``: every field, ordered maps as
-    item lists (their order is state), sorted lists as lists."""
+    """The whole state of a Python policy here: every field, ordered maps as item lists
+    (their order is state), sorted lists as lists; lazy heaps, whose layout is no state,
+    by their live entries."""
     fields: dict[str, Any] = {}
     for name, value in vars(policy).items():
         if name == "_txn_undo":
             continue
+        if name == "_heaps":  # protected_lru: (last access, block) per class, some stale
+            place_of = policy._place_of
+            value = [
+                sorted({k for k in heap if place_of.get(k[1]) == (c, k[0])})
+                for c, heap in enumerate(value)
+            ]
         if isinstance(value, LinkedMap):
             value = [(key, value.get(key)) for key in value]
         elif not isinstance(value, (dict, int, float)):
@@ -260,7 +271,7 @@ class _Counting:
         policy.evicts_first = counted
 
 
-@pytest.mark.parametrize("name", ["arc", "reuse_lru"])
+@pytest.mark.parametrize("name", ["arc", "reuse_lru", "protected_lru"])
 @pytest.mark.parametrize(
     ("trace", "capacity"),
     [
