@@ -125,21 +125,29 @@ class ARCPolicy(EvictionPolicy):
         Returns what puts it back (its list, the hash, its link, the old ``p``), or None if not
         a ghost.
         """
-        scale = max(len(self._key_of), 1)
         share = self._recency_share
-        if block_hash in self._b1:
-            step = max(1.0, len(self._b2) / len(self._b1))
-            self._recency_share = min(1.0, share + step / scale)
-            ghosts = self._b1
-        elif block_hash in self._b2:
-            step = max(1.0, len(self._b1) / len(self._b2))
-            self._recency_share = max(0.0, share - step / scale)
-            ghosts = self._b2
-        else:
+        ghosts, self._recency_share = self._ghost_share(block_hash)
+        if ghosts is None:
             return None
         link = ghosts.unlink(block_hash)
         assert link is not None
         return ghosts, block_hash, link, share
+
+    def _ghost_share(self, block_hash: int) -> tuple[LinkedMap[None] | None, float]:
+        """The ghost list holding ``block_hash`` (None: neither) and ``p`` after its hit.
+
+        ARC's steps: ``max(1, |B2| / |B1|)`` up for B1, the reverse down for B2, over the
+        tracked leaves. Changes nothing.
+        """
+        scale = max(len(self._key_of), 1)
+        share = self._recency_share
+        if block_hash in self._b1:
+            step = max(1.0, len(self._b2) / len(self._b1))
+            return self._b1, min(1.0, share + step / scale)
+        if block_hash in self._b2:
+            step = max(1.0, len(self._b1) / len(self._b2))
+            return self._b2, max(0.0, share - step / scale)
+        return None, share
 
     def _place(self, block_id: int, last_access: int, frequent: bool) -> None:
         key = (last_access, block_id)
@@ -238,6 +246,73 @@ class ARCPolicy(EvictionPolicy):
         ghosts.put(block_hash, None)
         dropped = ghosts.unlink_oldest() if len(ghosts) > self._ghost_capacity else None
         return is_new, dropped
+
+    def evicts_first(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> bool:
+        """Whether ``evict(1)`` would return ``block_id`` right after inserting it; if so, book it.
+
+        The engine evicts a block this answers ``True`` for (the parent a chain
+        eviction exposes) without the insert-and-evict round trip, so a ``True``
+        answer makes every change that round trip would: a ghost hit taken (the
+        hash off its list, ``p`` adapted), the stay ended, the hash remembered on
+        the ghost list of the list the block would have left. The tracked leaves
+        and their order never change; the changes are in the undo log like every
+        other. ``False`` changes nothing. Complexity: O(log n).
+        """
+        stay = self._stays.get(block_id)
+        share, ghosts = self._recency_share, None
+        if stay is not None and stay[0] == block_hash and stay[1] <= num_accesses:
+            frequent = stay[2] or num_accesses > stay[1]
+        else:
+            frequent = num_accesses > 1
+            if not frequent:
+                ghosts, share = self._ghost_share(block_hash)
+                frequent = ghosts is not None
+        # evict's rule with the block tracked: T1 goes first while over its share, or alone.
+        t1, t2 = self._t1, self._t2
+        tracked = len(self._key_of) + 1
+        if frequent:
+            if (t1 and len(t1) > share * tracked) or (t2 and t2[0] < (last_access, block_id)):
+                return False
+        elif not (len(t1) + 1 > share * tracked or not t2) or (
+            t1 and t1[0] < (last_access, block_id)
+        ):
+            return False
+        ghost = None
+        if ghosts is not None:  # the ghost hit insert takes
+            ghost = (ghosts, block_hash, ghosts.unlink(block_hash), self._recency_share)
+            self._recency_share = share
+        if stay is not None:
+            del self._stays[block_id]
+        target = self._b2 if frequent else self._b1
+        remembered = self._remember(target, block_hash)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._unbook, block_id, block_hash, stay, ghost, target, remembered))
+        return True
+
+    def _unbook(
+        self,
+        block_id: int,
+        block_hash: int,
+        stay: tuple[int, int, bool] | None,
+        ghost: tuple[LinkedMap[None], int, list[Any] | None, float] | None,
+        target: LinkedMap[None],
+        remembered: tuple[bool, tuple[int, list[Any]] | None],
+    ) -> None:
+        """Take back what :meth:`evicts_first` booked, last change first."""
+        is_new, dropped = remembered
+        if dropped is not None:
+            target.relink(*dropped)
+        if is_new:
+            target.unlink(block_hash)
+        if stay is not None:
+            self._stays[block_id] = stay
+        if ghost is not None:
+            ghosts, _, link, self._recency_share = ghost
+            assert link is not None
+            ghosts.relink(block_hash, link)
 
     def clear(self) -> None:
         """Forget every tracked leaf, stay and ghost. Complexity: O(n)."""

@@ -245,6 +245,77 @@ class ProtectedLRUPolicy(EvictionPolicy):
         self._stays[block_id] = stay
         self._put_back(block_id, place)
 
+    def evicts_first(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> bool:
+        """Whether ``evict(1)`` would return ``block_id`` right after inserting it; if so, book it.
+
+        The engine evicts a block this answers ``True`` for (the parent a chain
+        eviction exposes) without the insert-and-evict round trip, so a ``True``
+        answer makes every change that round trip would: the stay ended and the
+        hash's use count remembered at the recent end of the history. Drops
+        stale entries from the heap tops (invisible: :meth:`evict` skips them).
+        The tracked leaves and their order never change; the changes are in the
+        undo log like every other. ``False`` changes nothing. Complexity: O(1)
+        amortised.
+        """
+        stay = self._stays.get(block_id)
+        history = self._history
+        if stay is None or stay[0] != block_hash or stay[1] > num_accesses:
+            earlier = history.get(block_hash) or 0
+        else:
+            earlier = stay[2]
+        key = (last_access, block_id)
+        probation = self._live_top(0)
+        if earlier + num_accesses >= 2:  # protected: only after every probationary leaf
+            protected = self._live_top(1)
+            if probation is not None or (protected is not None and protected < key):
+                return False
+        elif probation is not None and probation < key:
+            return False
+        # Booked as insert then evict(1): the history entry taken (insert's, or evict's
+        # replace), the use count put last, the oldest dropped past capacity.
+        if stay is not None:
+            del self._stays[block_id]
+        replaced = history.unlink(block_hash)
+        dropped = None
+        if self._history_capacity:
+            history.put(block_hash, earlier + num_accesses)
+            if len(history) > self._history_capacity:
+                dropped = history.unlink_oldest()
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append((self._unbook, block_id, block_hash, stay, replaced, dropped))
+        return True
+
+    def _live_top(self, klass: int) -> tuple[int, int] | None:
+        """The least (last access, block ID) tracked in ``klass``; stale tops are dropped."""
+        heap, place_of = self._heaps[klass], self._place_of
+        while heap:
+            last_access, block_id = heap[0]
+            if place_of.get(block_id) == (klass, last_access):
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    def _unbook(
+        self,
+        block_id: int,
+        block_hash: int,
+        stay: tuple[int, int, int] | None,
+        replaced: list[Any] | None,
+        dropped: tuple[int, list[Any]] | None,
+    ) -> None:
+        """Take back what :meth:`evicts_first` booked, last change first."""
+        history = self._history
+        if dropped is not None:
+            history.relink(*dropped)
+        history.unlink(block_hash)
+        if replaced is not None:
+            history.relink(block_hash, replaced)
+        if stay is not None:
+            self._stays[block_id] = stay
+
     def _compact_if_stale(self, klass: int) -> None:
         heap = self._heaps[klass]
         if len(heap) > 2 * len(self._place_of) + 64:

@@ -231,6 +231,80 @@ class ReuseLRUPolicy(EvictionPolicy):
                 self._history.put(stay[0], old)
         self._put_back(block_id, key, last_access)
 
+    def evicts_first(
+        self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
+    ) -> bool:
+        """Whether ``evict(1)`` would return ``block_id`` right after inserting it; if so, book it.
+
+        The engine evicts a block this answers ``True`` for (the parent a chain
+        eviction exposes) without the insert-and-evict round trip, so a ``True``
+        answer makes every change that round trip would: the clock, the eviction
+        age, the stay ended and the hash's hand-outs remembered in the history (a
+        new stay's entry taken out first, as insert takes it). The tracked leaves
+        and their order never change; the changes are in the undo log like every
+        other. ``False`` changes nothing. Complexity: O(log n).
+        """
+        stay = self._stays.get(block_id)
+        history = self._history
+        fresh = stay is None or stay[0] != block_hash or stay[1] > num_accesses
+        if fresh:
+            earlier = history.get(block_hash) or 0
+        else:
+            assert stay is not None
+            earlier = stay[2]
+        bonus = self._reuse_weight * self._eviction_age if earlier + num_accesses > 1 else 0.0
+        order = self._order
+        if order and order[0] < (last_access + bonus, block_id):
+            return False
+        # Booked as insert then evict(1): the history entry taken, the clock, the age, the
+        # stay ended, the hand-outs remembered (an existing entry keeps its place).
+        taken = (block_hash, history.unlink(block_hash)) if fresh else None
+        old_now, eviction_age = self._now, self._eviction_age
+        self._now = now = max(old_now, last_access)
+        self._eviction_age += (now - last_access - eviction_age) * self._smoothing
+        if stay is not None:
+            del self._stays[block_id]
+        remembered = None
+        if self._history_capacity:
+            old = history.get(block_hash)
+            history.put(block_hash, earlier + num_accesses)
+            dropped = None
+            if len(history) > self._history_capacity:
+                dropped = history.unlink_oldest()
+            remembered = (old, dropped)
+        undo = self._txn_undo
+        if undo is not None:
+            undo.append(
+                (self._unbook, block_id, block_hash, stay, taken, old_now, eviction_age, remembered)
+            )
+        return True
+
+    def _unbook(
+        self,
+        block_id: int,
+        block_hash: int,
+        stay: _Stay | None,
+        taken: tuple[int, list[Any] | None] | None,
+        now: int,
+        eviction_age: float,
+        remembered: tuple[int | None, tuple[int, list[Any]] | None] | None,
+    ) -> None:
+        """Take back what :meth:`evicts_first` booked, last change first."""
+        history = self._history
+        if remembered is not None:
+            old, dropped = remembered
+            if dropped is not None:
+                history.relink(*dropped)
+            if old is None:
+                history.unlink(block_hash)
+            else:
+                history.put(block_hash, old)
+        if stay is not None:
+            self._stays[block_id] = stay
+        self._now, self._eviction_age = now, eviction_age
+        if taken is not None and taken[1] is not None:
+            history.relink(block_hash, taken[1])
+
     def clear(self) -> None:
         """Forget every tracked leaf, stay and history. Complexity: O(n)."""
         self._order.clear()

@@ -52,7 +52,7 @@ class PolicyContract:
     choices from then on), after any mix of calls, a raising one included;
     ``commit`` keeps the changes (a twin that made the same calls outside a
     transaction behaves the same); the optional hooks either keep their
-    defaults or keep their promises (``evicts_first`` predicts ``evict(1)``
+    defaults or keep their promises (``evicts_first`` predicts ``evict(1)`` after an insert
     and changes nothing; ``on_register`` and ``set_retention`` change no
     tracked set and are undone by ``abort``).
 
@@ -276,13 +276,13 @@ class PolicyContract:
                     0,
                 )
                 order = eviction_order(policy)
+                probe = copy.deepcopy(policy)  # the round trip, from the state the call saw
                 predicted = policy.evicts_first(candidate, *args)
                 assert isinstance(predicted, bool)
                 assert eviction_order(policy) == order, f"seed {seed}: evicts_first changed it"
                 if not has_hook(policy, "evicts_first"):
                     assert predicted is False
                     continue
-                probe = copy.deepcopy(policy)
                 probe.insert(candidate, *args)
                 assert predicted == (probe.evict(1) == [candidate]), f"seed {seed} {args}"
 

@@ -25,7 +25,7 @@ def test_lru_and_fifo_predict() -> None:
 
 
 def test_the_default_predicts_nothing() -> None:
-    policy = policies.get("arc")
+    policy = policies.get("slru")
     assert not has_hook(policy, "evicts_first")
     policy.insert(1, 101, 5, 1, 0)
     assert policy.evicts_first(2, 102, 1, 1, 0) is False  # it would be, but no prediction
@@ -54,7 +54,8 @@ def test_the_prediction_matches_insert_then_evict(name: str, seed: int) -> None:
     candidate = next(b for b in range(30, 60) if b not in tracked)
     last_access = rng.randrange(45)
     order_before = copy.deepcopy(policy).evict(len(policy))
+    probe = copy.deepcopy(policy)  # the round trip, from the state the prediction saw
     predicted = policy.evicts_first(candidate, candidate + 100, last_access, 1, 0)
     assert copy.deepcopy(policy).evict(len(policy)) == order_before  # nothing moved
-    policy.insert(candidate, candidate + 100, last_access, 1, 0)
-    assert predicted == (policy.evict(1) == [candidate])
+    probe.insert(candidate, candidate + 100, last_access, 1, 0)
+    assert predicted == (probe.evict(1) == [candidate])

@@ -46,10 +46,46 @@ class ArcPolicy final : public CopyablePolicy<ArcPolicy> {
       frequent = stay.frequent || leaf.num_accesses > stay.num_accesses;
     } else {
       frequent = leaf.num_accesses > 1;
-      if (!frequent) frequent = ghost_hit(leaf.block_hash);
+      if (!frequent) {
+        const GhostHit hit = ghost_share(leaf.block_hash);
+        frequent = take_ghost(hit, leaf.block_hash);
+      }
     }
     stay = Stay{true, frequent, leaf.block_hash, leaf.num_accesses};
     (frequent ? t2_ : t1_).insert(block_id, leaf.last_access);
+  }
+
+  // Whether evict_one() would return ``block_id`` right after insert(block_id, leaf); if
+  // so, book what that round trip changes: the ghost hit (hash off its list, p adapted),
+  // the stay ended, the hash remembered on the ghost list of the list it would have left.
+  bool evicts_first(int32_t block_id, const LeafInfo& leaf) override {
+    Stay& stay = stays_[block_id];
+    bool frequent;
+    GhostHit hit{nullptr, share_};
+    if (stay.live && stay.block_hash == leaf.block_hash &&
+        stay.num_accesses <= leaf.num_accesses) {
+      frequent = stay.frequent || leaf.num_accesses > stay.num_accesses;
+    } else {
+      frequent = leaf.num_accesses > 1;
+      if (!frequent) {
+        hit = ghost_share(leaf.block_hash);
+        frequent = hit.ghosts != nullptr;
+      }
+    }
+    // evict_one's rule with the block tracked: T1 first while over its share, or alone.
+    const double tracked = static_cast<double>(size() + 1);
+    if (frequent) {
+      if (!t1_.empty() && static_cast<double>(t1_.size()) > hit.share * tracked) return false;
+      if (!t2_.before_all(leaf.last_access, block_id)) return false;
+    } else {
+      const bool t1_over_share = static_cast<double>(t1_.size() + 1) > hit.share * tracked;
+      if (!(t1_over_share || t2_.empty())) return false;
+      if (!t1_.before_all(leaf.last_access, block_id)) return false;
+    }
+    take_ghost(hit, leaf.block_hash);
+    stay = Stay{false, frequent, leaf.block_hash, leaf.num_accesses};
+    remember(frequent ? b2_ : b1_, leaf.block_hash);
+    return true;
   }
 
   void discard(int32_t block_id) override { list_of(block_id).remove(block_id); }
@@ -69,13 +105,7 @@ class ArcPolicy final : public CopyablePolicy<ArcPolicy> {
     const int32_t block_id = (from_t1 ? t1_ : t2_).pop();
     Stay& stay = stays_[block_id];
     stay.live = false;
-    if (ghost_capacity_ > 0) {
-      LinkedMap<char>& ghosts = from_t1 ? b1_ : b2_;
-      // Two independent index misses: the pop's, loaded while put() probes.
-      if (static_cast<int64_t>(ghosts.size()) >= ghost_capacity_) ghosts.prefetch_oldest();
-      ghosts.put(stay.block_hash, 0);
-      if (static_cast<int64_t>(ghosts.size()) > ghost_capacity_) ghosts.pop_oldest();
-    }
+    remember(from_t1 ? b1_ : b2_, stay.block_hash);
     return block_id;
   }
 
@@ -102,26 +132,46 @@ class ArcPolicy final : public CopyablePolicy<ArcPolicy> {
     return t2_.contains(block_id) ? t2_ : t1_;
   }
 
-  // Adapt p if ``block_hash`` is a ghost and drop it from its list; whether it was one.
-  bool ghost_hit(int64_t block_hash) {
+  // A ghost list holding a hash (none: nullptr) and p after the hit.
+  struct GhostHit {
+    LinkedMap<char>* ghosts;
+    double share;
+  };
+
+  // Which ghost list holds ``block_hash``, and p after its hit; changes nothing.
+  GhostHit ghost_share(int64_t block_hash) {
     b1_.prefetch(block_hash);  // both lists' misses at once, not one after the other
     b2_.prefetch(block_hash);
     const double scale = static_cast<double>(std::max<size_t>(size(), 1));
     if (b1_.contains(block_hash)) {
       const double step =
           std::max(1.0, static_cast<double>(b2_.size()) / static_cast<double>(b1_.size()));
-      share_ = std::min(1.0, share_ + step / scale);
-      b1_.erase(block_hash);
-      return true;
+      return {&b1_, std::min(1.0, share_ + step / scale)};
     }
     if (b2_.contains(block_hash)) {
       const double step =
           std::max(1.0, static_cast<double>(b1_.size()) / static_cast<double>(b2_.size()));
-      share_ = std::max(0.0, share_ - step / scale);
-      b2_.erase(block_hash);
-      return true;
+      return {&b2_, std::max(0.0, share_ - step / scale)};
     }
-    return false;
+    return {nullptr, share_};
+  }
+
+  // Apply a ghost hit: p adapted, the hash off its list; whether there was one.
+  bool take_ghost(const GhostHit& hit, int64_t block_hash) {
+    if (hit.ghosts == nullptr) return false;
+    share_ = hit.share;
+    hit.ghosts->erase(block_hash);
+    return true;
+  }
+
+  // An evicted leaf's hash joins ``ghosts`` (one already there keeps its place), the
+  // oldest dropped past capacity.
+  void remember(LinkedMap<char>& ghosts, int64_t block_hash) {
+    if (ghost_capacity_ <= 0) return;
+    // Two independent index misses: the pop's, loaded while put() probes.
+    if (static_cast<int64_t>(ghosts.size()) >= ghost_capacity_) ghosts.prefetch_oldest();
+    ghosts.put(block_hash, 0);
+    if (static_cast<int64_t>(ghosts.size()) > ghost_capacity_) ghosts.pop_oldest();
   }
 
   const int64_t ghost_capacity_;

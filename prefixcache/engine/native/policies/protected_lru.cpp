@@ -33,6 +33,19 @@ class ProtectedLruPolicy final : public CopyablePolicy<ProtectedLruPolicy> {
     uses_.refresh_all(hashes, count);
   }
 
+  // Whether evict_one() would return ``block_id`` right after insert(block_id, leaf); if
+  // so, book what that round trip changes (the stay ended, the use count remembered).
+  bool evicts_first(int32_t block_id, const LeafInfo& leaf) override {
+    const bool is_protected = uses_.earlier(block_id, leaf) + leaf.num_accesses >= 2;
+    if (is_protected ? !(probation_.empty() && protected_.before_all(leaf.last_access, block_id))
+                     : !probation_.before_all(leaf.last_access, block_id)) {
+      return false;
+    }
+    uses_.enter(block_id, leaf);
+    uses_.leave(block_id, true);
+    return true;
+  }
+
   void discard(int32_t block_id) override { class_of(block_id).remove(block_id); }
 
   void touch(int32_t block_id, int64_t now) override {

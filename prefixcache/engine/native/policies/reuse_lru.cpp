@@ -33,6 +33,22 @@ class ReuseLruPolicy final : public CopyablePolicy<ReuseLruPolicy> {
     place(block_id, leaf.last_access, stay.earlier + stay.num_accesses);
   }
 
+  // Whether evict_one() would return ``block_id`` right after insert(block_id, leaf); if
+  // so, book what that round trip changes (the stay, the clock, the eviction age, the
+  // history), leaving the order as it is.
+  bool evicts_first(int32_t block_id, const LeafInfo& leaf) override {
+    const int64_t num_uses = uses_.earlier(block_id, leaf) + leaf.num_accesses;
+    const double bonus = num_uses > 1 ? reuse_weight_ * eviction_age_ : 0.0;
+    if (!order_.before_all(static_cast<double>(leaf.last_access) + bonus, block_id)) {
+      return false;
+    }
+    uses_.enter(block_id, leaf);
+    now_ = std::max(now_, leaf.last_access);
+    age(leaf.last_access);
+    uses_.leave(block_id, false);
+    return true;
+  }
+
   void discard(int32_t block_id) override { order_.remove(block_id); }
 
   void touch(int32_t block_id, int64_t now) override {
@@ -45,8 +61,7 @@ class ReuseLruPolicy final : public CopyablePolicy<ReuseLruPolicy> {
   int32_t evict_one() override {
     if (order_.empty()) return kNoBlock;
     const int32_t block_id = order_.pop();
-    const double waited = static_cast<double>(now_ - last_access_[block_id]);
-    eviction_age_ += (waited - eviction_age_) * smoothing_;
+    age(last_access_[block_id]);
     uses_.leave(block_id, false);  // a remembered hash keeps its place
     return block_id;
   }
@@ -66,6 +81,12 @@ class ReuseLruPolicy final : public CopyablePolicy<ReuseLruPolicy> {
   }
 
  private:
+  // A victim last accessed at ``last_access`` moves the running eviction age.
+  void age(int64_t last_access) noexcept {
+    const double waited = static_cast<double>(now_ - last_access);
+    eviction_age_ += (waited - eviction_age_) * smoothing_;
+  }
+
   void place(int32_t block_id, int64_t last_access, int64_t num_uses) {
     now_ = std::max(now_, last_access);
     const double bonus = num_uses > 1 ? reuse_weight_ * eviction_age_ : 0.0;

@@ -46,6 +46,17 @@ class UseHistory {
     return stay;
   }
 
+  /// The uses of earlier stays enter(block_id, leaf) would give the stay; changes nothing.
+  int64_t earlier(int32_t block_id, const LeafInfo& leaf) const noexcept {
+    const Stay& stay = stays_[block_id];
+    if (stay.live && stay.block_hash == leaf.block_hash &&
+        stay.num_accesses <= leaf.num_accesses) {
+      return stay.earlier;
+    }
+    const int64_t* remembered = history_.get(leaf.block_hash);
+    return remembered == nullptr ? 0 : *remembered;
+  }
+
   Stay& operator[](int32_t block_id) noexcept { return stays_[block_id]; }
 
   /// ``block_id`` was evicted: its stay ends, its hash's uses are remembered (``refresh``:
