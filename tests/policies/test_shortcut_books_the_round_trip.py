@@ -16,15 +16,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prefixcache.policies.linked_map import LinkedMap
 
-from prefixcache import KVBlockAllocator, policies
+from prefixcache import policies
 from prefixcache.engine.native_engine import native_available
-from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest, trace_block_hashes
+from prefixcache.reference.trace import TraceRequest
+from prefixcache.testing.trace_replay import replay_hits_and_evictions
 from prefixcache.tools.workloads import documents_with_hot_prefixes, multi_turn_chats
 
 CASES = [
@@ -220,32 +220,6 @@ def test_native_shortcut_leaves_the_round_trips_state(
     twins.probe()
 
 
-def _replay(requests: list[TraceRequest], capacity: int, **config: Any) -> tuple[int, int]:
-    """A capacity-bound replay (prefixcache.tools.replay's model): (hits, evicted)."""
-    chains = [np.array(trace_block_hashes(r.hash_ids), dtype=np.int64) for r in requests]
-    allocator = KVBlockAllocator(
-        total_count=capacity + max(len(c) for c in chains) + 1,
-        block_size_tokens=TRACE_BLOCK_SIZE,
-        device="cpu",
-        **config,
-    )
-    hits = 0
-    for hashes in chains:
-        hit_ids = allocator.match_prefix(hashes, acquire=True)
-        hits += len(hit_ids)
-        fresh = allocator.allocate_memory_blocks(len(hashes) - len(hit_ids))
-        assert fresh is not None
-        if len(fresh):
-            parent = int(hashes[len(hit_ids) - 1]) if len(hit_ids) else None
-            allocator.register_kv_block_hashes(fresh, hashes[len(hit_ids) :], parent_hash=parent)
-            allocator.release_memory_blocks(fresh)
-        allocator.release_memory_blocks(hit_ids)
-        excess = allocator.get_evictable_block_count() - capacity
-        if excess > 0:
-            allocator.evict_cached_blocks(excess)
-    return hits, allocator.stats().num_evicted_blocks
-
-
 def _refusing(name: str) -> Any:
     """``name``'s Python class with the shortcut refused: every exposed parent round-trips."""
 
@@ -283,10 +257,18 @@ class _Counting:
 def test_replays_hit_and_evict_as_the_round_trip(
     name: str, trace: list[TraceRequest], capacity: int
 ) -> None:
-    expected = _replay(trace, capacity, eviction_policy=_refusing(name), engine="python")
+    expected = replay_hits_and_evictions(
+        trace, capacity, eviction_policy=_refusing(name), engine="python"
+    )
     shortcut = policies.get(name)
     counting = _Counting(shortcut)
-    assert _replay(trace, capacity, eviction_policy=shortcut, engine="python") == expected
+    assert (
+        replay_hits_and_evictions(trace, capacity, eviction_policy=shortcut, engine="python")
+        == expected
+    )
     assert counting.granted > 0  # the shortcut was taken
     if native_available():
-        assert _replay(trace, capacity, eviction_policy=name, engine="native") == expected
+        assert (
+            replay_hits_and_evictions(trace, capacity, eviction_policy=name, engine="native")
+            == expected
+        )

@@ -40,17 +40,9 @@ class ArcPolicy final : public CopyablePolicy<ArcPolicy> {
 
   void insert(int32_t block_id, const LeafInfo& leaf) override {
     Stay& stay = stays_[block_id];
-    bool frequent;
-    if (stay.live && stay.block_hash == leaf.block_hash &&
-        stay.num_accesses <= leaf.num_accesses) {
-      frequent = stay.frequent || leaf.num_accesses > stay.num_accesses;
-    } else {
-      frequent = leaf.num_accesses > 1;
-      if (!frequent) {
-        const GhostHit hit = ghost_share(leaf.block_hash);
-        frequent = take_ghost(hit, leaf.block_hash);
-      }
-    }
+    GhostHit hit{nullptr, share_};
+    const bool frequent = goes_to_t2(stay, leaf, &hit);
+    take_ghost(hit, leaf.block_hash);
     stay = Stay{true, frequent, leaf.block_hash, leaf.num_accesses};
     (frequent ? t2_ : t1_).insert(block_id, leaf.last_access);
   }
@@ -60,18 +52,8 @@ class ArcPolicy final : public CopyablePolicy<ArcPolicy> {
   // the stay ended, the hash remembered on the ghost list of the list it would have left.
   bool evicts_first(int32_t block_id, const LeafInfo& leaf) override {
     Stay& stay = stays_[block_id];
-    bool frequent;
     GhostHit hit{nullptr, share_};
-    if (stay.live && stay.block_hash == leaf.block_hash &&
-        stay.num_accesses <= leaf.num_accesses) {
-      frequent = stay.frequent || leaf.num_accesses > stay.num_accesses;
-    } else {
-      frequent = leaf.num_accesses > 1;
-      if (!frequent) {
-        hit = ghost_share(leaf.block_hash);
-        frequent = hit.ghosts != nullptr;
-      }
-    }
+    const bool frequent = goes_to_t2(stay, leaf, &hit);
     // evict_one's rule with the block tracked: T1 first while over its share, or alone.
     const double tracked = static_cast<double>(size() + 1);
     if (frequent) {
@@ -156,12 +138,24 @@ class ArcPolicy final : public CopyablePolicy<ArcPolicy> {
     return {nullptr, share_};
   }
 
-  // Apply a ghost hit: p adapted, the hash off its list; whether there was one.
-  bool take_ghost(const GhostHit& hit, int64_t block_hash) {
-    if (hit.ghosts == nullptr) return false;
+  // Whether insert(block_id, leaf) puts the leaf on T2: its stay goes on (a hit) and it was
+  // frequent or was handed out since, or it was handed out twice, or its hash is a ghost
+  // (then *hit names the list and the adapted share, for take_ghost). Changes nothing.
+  bool goes_to_t2(const Stay& stay, const LeafInfo& leaf, GhostHit* hit) {
+    if (stay.live && stay.block_hash == leaf.block_hash &&
+        stay.num_accesses <= leaf.num_accesses) {
+      return stay.frequent || leaf.num_accesses > stay.num_accesses;
+    }
+    if (leaf.num_accesses > 1) return true;
+    *hit = ghost_share(leaf.block_hash);
+    return hit->ghosts != nullptr;
+  }
+
+  // Apply a ghost hit, if there was one: p adapted, the hash off its list.
+  void take_ghost(const GhostHit& hit, int64_t block_hash) {
+    if (hit.ghosts == nullptr) return;
     share_ = hit.share;
     hit.ghosts->erase(block_hash);
-    return true;
   }
 
   // An evicted leaf's hash joins ``ghosts`` (one already there keeps its place), the
