@@ -36,7 +36,7 @@ from typing import IO, Any
 
 import xxhash
 
-from prefixcache.engine.validation import is_int, require_int
+from prefixcache.engine.validation import is_int, require_flag, require_int
 from prefixcache.errors import InvalidArgumentError
 
 __all__ = [
@@ -156,11 +156,7 @@ def _parse_line(line: str, line_number: int, source: str) -> TraceRequest:
             raise InvalidArgumentError(
                 f"{where}: hash_ids must hold ints in [0, 2**63), got {hash_id!r}"
             )
-    ends = record.get(ENDS_CONVERSATION, False)
-    if not isinstance(ends, bool):
-        raise InvalidArgumentError(
-            f"{where}: {ENDS_CONVERSATION} must be true or false, got {ends!r}"
-        )
+    ends = require_flag(record.get(ENDS_CONVERSATION, False), f"{where}: {ENDS_CONVERSATION}")
     return TraceRequest(
         record["timestamp"], record["input_length"], record["output_length"], tuple(hash_ids), ends
     )

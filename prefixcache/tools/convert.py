@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import xxhash
 
-from prefixcache.engine.validation import is_int, is_number
+from prefixcache.engine.validation import is_int, is_number, require_flag
 from prefixcache.errors import InvalidArgumentError
 from prefixcache.reference.trace import ENDS_CONVERSATION, TRACE_BLOCK_SIZE
 
@@ -257,11 +257,7 @@ def _request(number: int, tokens: Sequence[int], record: dict[str, Any]) -> Toke
         raise InvalidArgumentError(
             f"line {number}: output_length must be an int >= 0, got {output_length!r}"
         )
-    ends = record.get(ENDS_CONVERSATION, False)
-    if not isinstance(ends, bool):
-        raise InvalidArgumentError(
-            f"line {number}: {ENDS_CONVERSATION} must be true or false, got {ends!r}"
-        )
+    ends = require_flag(record.get(ENDS_CONVERSATION, False), f"line {number}: {ENDS_CONVERSATION}")
     session = next((record[name] for name in SESSION_FIELDS if name in record), None)
     if session is not None and not (isinstance(session, str) or is_int(session)):
         raise InvalidArgumentError(

@@ -108,7 +108,7 @@ def test_a_mark_that_is_not_a_bool_is_refused_naming_its_line(tmp_path: Path, va
     good = '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [7]}'
     bad = good[:-1] + f', "ends_conversation": {value}}}'
     path.write_text(f"{good}\n{bad}\n")
-    with pytest.raises(InvalidArgumentError, match="line 2: ends_conversation must be true"):
+    with pytest.raises(InvalidArgumentError, match="line 2: ends_conversation must be a bool"):
         load_mooncake_trace(path)
 
 

@@ -130,5 +130,5 @@ def test_convert_keeps_the_mark_and_refuses_a_bad_one(tmp_path: Path) -> None:
         assert convert(read_token_requests(lines), file, 512) == 2
     assert [r.ends_conversation for r in load_mooncake_trace(out)] == [False, True]
     bad = [json.dumps({"token_ids": [1, 2], "ends_conversation": "true"})]
-    with pytest.raises(InvalidArgumentError, match="line 1: ends_conversation must be true"):
+    with pytest.raises(InvalidArgumentError, match="line 1: ends_conversation must be a bool"):
         list(read_token_requests(bad))
