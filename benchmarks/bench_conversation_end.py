@@ -26,6 +26,7 @@ Usage, from the repository root::
     python benchmarks/bench_conversation_end.py  # test side (seed 2), lru and auto
     python benchmarks/bench_conversation_end.py --side train --requests 800
     python benchmarks/bench_conversation_end.py --in-flight 16  # with queue hints off and on
+    python benchmarks/bench_conversation_end.py --families multi_tenant_mix,agent_tool_loops
 """
 
 from __future__ import annotations
@@ -63,31 +64,38 @@ def marked(requests: Sequence[TraceRequest], flags: Sequence[bool]) -> list[Trac
     ]
 
 
-def ended(family: str, seed: int, requests: Sequence[TraceRequest]) -> list[bool]:
+def ended(family: str, seed: int, requests: Sequence[TraceRequest]) -> list[bool] | None:
     """Per request: its conversation ends with it, judged on the trace twice as long.
 
-    The longer trace's first requests have the same hash IDs (its other fields may
-    differ: the log-normal families draw lengths after every turn); checked.
+    The longer trace's first requests must have the same hash IDs (its other fields
+    may differ: the log-normal families draw lengths after every turn); None where
+    they do not (``multi_tenant_mix`` interleaves its tenants by time: a longer trace
+    is another trace), and the column reads n/a.
     """
     longer = split.load_trace(family, seed, 2 * len(requests))
-    assert [r.hash_ids for r in longer[: len(requests)]] == [r.hash_ids for r in requests]
+    if [r.hash_ids for r in longer[: len(requests)]] != [r.hash_ids for r in requests]:
+        return None
     return last_turns(longer)[: len(requests)]
 
 
 def rates(
-    traces: dict[str, list[TraceRequest]],
+    traces: dict[str, list[TraceRequest] | None],
     capacity: int,
     policy: str,
     in_flight: int,
     hints: bool,
-) -> list[float]:
-    """The hit rate with each of :data:`MODES` (``traces``: the trace each mode replays)."""
-    out = []
+) -> list[float | None]:
+    """The hit rate with each of :data:`MODES` (``traces``: the trace each mode replays;
+    None for a mode: no rate, None)."""
+    out: list[float | None] = []
     for mode in MODES:
         ends = mode != "off"
-        if in_flight:
+        trace = traces[mode]
+        if trace is None:
+            out.append(None)
+        elif in_flight:
             result = replay_concurrent(
-                traces[mode],
+                trace,
                 capacity,
                 policy,
                 max_requests=in_flight,
@@ -96,7 +104,7 @@ def rates(
             )
             out.append(result.hit_rate)
         else:
-            out.append(replay(traces[mode], capacity, policy, conversation_ends=ends).hit_rate)
+            out.append(replay(trace, capacity, policy, conversation_ends=ends).hit_rate)
     return out
 
 
@@ -105,6 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--side", choices=("test", "train"), default="test")
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--policies", default="lru,auto")
+    parser.add_argument(
+        "--families",
+        default=",".join(split.CHAT_FAMILIES),
+        help="comma-separated split families (default: the chat families)",
+    )
     parser.add_argument("--in-flight", type=int, default=0, help="N > 0: the concurrent loop")
     args = parser.parse_args(argv)
     seed = split.TEST_SEED if args.side == "test" else split.TRAIN_SEEDS[0]
@@ -118,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n| trace | optimum | marks / ended / inferred | policy | {header} |")
     columns = " | ".join("---:" for _ in hint_modes for _ in MODES)
     print(f"| --- | ---: | ---: | --- | {columns} |")
-    for family in split.CHAT_FAMILIES:
+    for family in args.families.split(","):
         requests = split.load_trace(family, seed, args.requests)
         capacity = capacities(requests)["mid"]
         best = (
@@ -128,19 +141,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         last = last_turns(requests)
         long_last = ended(family, seed, requests)
-        traces = {
+        traces: dict[str, list[TraceRequest] | None] = {
             "off": requests,
             "marks": requests,
-            "ended": marked(requests, long_last),
+            "ended": None if long_last is None else marked(requests, long_last),
             "inferred": marked(requests, last),
         }
         counts = " / ".join(
-            str(sum(r.ends_conversation for r in traces[mode])) for mode in MODES[1:]
+            "n/a" if trace is None else str(sum(r.ends_conversation for r in trace))
+            for trace in (traces[mode] for mode in MODES[1:])
         )
         for name in names:
             start = time.perf_counter()
             cells = [
-                f"{rate:.3f} ({rate / best.hit_rate:.2f})" if best.hit_rate else f"{rate:.3f}"
+                "n/a"
+                if rate is None
+                else f"{rate:.3f} ({rate / best.hit_rate:.2f})"
+                if best.hit_rate
+                else f"{rate:.3f}"
                 for hints in hint_modes
                 for rate in rates(traces, capacity, name, args.in_flight, hints)
             ]

@@ -164,6 +164,24 @@ class LruShadow:
             missed += not self._refresh(block_hashes[index], undo)
         self._score(-missed, missed, undo)
 
+    def on_end(self, block_hashes: list[int]) -> None:
+        """A conversation's end freed ``block_hashes``: LRU, told the same, frees them too.
+
+        Without this the shadow kept those hashes and the real cache's lost
+        room: a simulated LRU larger than the real cache, whose extra hits
+        read as LRU's lead and tripped the net (multi_tenant_mix, test side,
+        mid capacity: 17 trips instead of 1, 0.83 -> 0.77 of the optimum).
+
+        Complexity: O(len(block_hashes)).
+        """
+        undo = self._txn_undo
+        shadow = self._shadow
+        for block_hash in block_hashes:
+            stamp = shadow.pop(block_hash, None)
+            if stamp is not None and undo is not None:
+                undo.append((self._unrefresh, block_hash, stamp))
+        self._resize_shadow(-len(block_hashes), undo)
+
     def _next_fallback(self) -> bool:
         """Whether the net holds eviction after this step (the test of the module). No change."""
         if not (self._safety_on and self._sees_hits):

@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-OPTIONAL_HOOKS = ("on_register", "set_retention", "evicts_first", "on_hit")
+OPTIONAL_HOOKS = ("on_register", "set_retention", "evicts_first", "on_hit", "on_end")
 """The optional methods whose base-class defaults a policy may override."""
 
 _LEGACY_METHODS = ("insert", "discard", "touch", "evict", "clear", "__len__", "__contains__")
@@ -208,6 +208,21 @@ class EvictionPolicy(ABC):
         at the same point, and runs a policy object with this hook on the
         Python engine. The list belongs to the caller.
         The default does nothing. Complexity: O(len(block_hashes)) at most.
+        """
+        return None
+
+    def on_end(self, block_hashes: list[int]) -> None:
+        """A conversation's end freed the cached blocks ``block_hashes`` (``evict_blocks``).
+
+        Each left the policy by :meth:`discard` first (as a hit takes a leaf
+        out) and was then freed and unregistered: the cache is smaller by
+        ``len(block_hashes)`` blocks, which no :meth:`evict` told. A policy
+        that simulates another cache beside the real one (``auto``'s LRU
+        shadow) drops them there too. Both engines call it after the
+        eviction commits, outside any transaction, tail-first order; the
+        native engine does not forward it to a Python policy object.
+        The list belongs to the caller. The default does nothing.
+        Complexity: O(len(block_hashes)) at most.
         """
         return None
 

@@ -67,6 +67,7 @@ class PythonEngine(PythonPinSteps, PythonEvictionSteps, PythonPartitionSteps):
     ) -> None:
         self.policy = policy
         self._observe_hit = policy.on_hit if has_hook(policy, "on_hit") else None
+        self._observe_end = policy.on_end if has_hook(policy, "on_end") else None
         if cache_unreferenced is None:
             cache_unreferenced = bool(getattr(policy, "retains_unreferenced", True))
         self.retains_unreferenced = cache_unreferenced

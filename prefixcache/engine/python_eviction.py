@@ -35,6 +35,7 @@ class PythonEvictionSteps:
     pool: BlockPool | SortedFreeList
     refs: ReferenceTable
     registry: HashRegistry
+    _observe_end: Callable[[list[int]], None] | None
     ledger: PartitionLedger
     planner: EvictionPlanner
     retains_unreferenced: bool
@@ -89,9 +90,11 @@ class PythonEvictionSteps:
             freed = self.planner.plan_blocks(ids, journal)
             return freed, freed  # the freed blocks are the ones that lose their hashes
 
-        return self._run_plan(plan)
+        return self._run_plan(plan, ended=True)
 
-    def _run_plan(self, plan: Callable[[PolicyJournal], tuple[list[int], list[int]]]) -> int:
+    def _run_plan(
+        self, plan: Callable[[PolicyJournal], tuple[list[int], list[int]]], ended: bool = False
+    ) -> int:
         """Free what ``plan`` chooses, all or nothing: the frame of ``evict`` and ``evict_blocks``.
 
         ``plan`` makes its policy calls through the journal it is given and
@@ -99,7 +102,8 @@ class PythonEvictionSteps:
         :meth:`EvictionPlanner.plan` does). The pool takes the freed blocks
         back inside the same transaction; if either fails, the plan's
         hand-downs are undone and the journal rolls back, so nothing changes.
-        Only then are the registry and counters written.
+        Only then are the registry and counters written. ``ended`` (a conversation's
+        end): the freed blocks' hashes go to the policy's ``on_end`` first.
 
         Returns:
             The number of blocks freed.
@@ -115,6 +119,9 @@ class PythonEvictionSteps:
             raise
         journal.commit()
         if freed:
+            if ended and self._observe_end is not None:  # before deregistering: hashes still there
+                hash_of = self.registry.hash_of
+                self._observe_end([int(hash_of(block_id)) for block_id in freed])
             self._commit_eviction(freed, dropped)
             if self._track_changes:
                 self._freed.append(np.asarray(freed, dtype=np.int32))

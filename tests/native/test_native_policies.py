@@ -4,7 +4,7 @@ The engine talks to a policy only through the calls of ``EvictionPolicy`` (DESIG
 "Native policies"), so a native policy that answers every call as its Python class does
 behaves identically inside either engine. Hypothesis draws programs of valid calls
 (insert, discard, touch, evict(1), an exposed parent's ``evicts_first`` then insert,
-relocate, on_register, on_hit, set_retention, clear) and runs them on
+relocate, on_register, on_hit, on_end, set_retention, clear) and runs them on
 ``_native.NativePolicy(name)`` and on ``prefixcache.policies.get(name)``; after every call
 the answers, the size and the tracked set must agree, and at the end both must give the
 same victims until empty.
@@ -155,7 +155,7 @@ class Program:
         self.clock += self.number(0, 2)
         free = [b for b in range(self.num_blocks) if b not in self.tracked]
         held = sorted(self.tracked)
-        kinds = ["register", "hit"]
+        kinds = ["register", "hit", "end"]
         if free and len(self.tracked) < len(HASHES):
             kinds += ["insert", "insert", "insert", "expose"]
         if held:
@@ -195,6 +195,8 @@ class Program:
             self.both("on_register", run, self.number(0, 5))
         elif kind == "hit":  # a matched prefix, root first (inner blocks included)
             self.both("on_hit", [self.pick(HASHES) for _ in range(self.number(1, 4))])
+        elif kind == "end":  # blocks a conversation's end freed (after their discard)
+            self.both("on_end", [self.pick(HASHES) for _ in range(self.number(1, 3))])
         else:
             expires = None if self.number(0, 1) else self.number(self.clock, self.clock + 20)
             priority = self.number(0, 100)

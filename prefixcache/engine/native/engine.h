@@ -283,6 +283,7 @@ class Engine {
   std::vector<int32_t> slot_;    // b's index in unique_ while stamped
   uint32_t generation_ = 0;
   std::vector<int32_t> unique_, counts_, held_, scratch_, scratch2_, stack_scratch_;
+  std::vector<int64_t> ended_hashes_;  // evict_blocks: the freed blocks' hashes, for on_end
   std::vector<int32_t> hashed_, unhashed_;  // on_unreferenced's split
   std::vector<int32_t> hits_;
   std::vector<int64_t> hit_hashes_;  // report_hit's hashes for Policy::on_hit

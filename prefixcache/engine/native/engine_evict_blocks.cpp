@@ -16,6 +16,7 @@ int64_t Engine::evict_blocks(const int32_t* ids, size_t count) {
   if (!policy_ || count == 0) return 0;
   std::vector<int32_t>& freed = scratch_;
   freed.clear();
+  ended_hashes_.clear();
   int32_t held_back = kRoot;  // an exposed parent that is the walk's next ID: kept from the policy
   for (size_t index = count; index-- > 0;) {
     const int32_t block_id = ids[index];
@@ -26,6 +27,7 @@ int64_t Engine::evict_blocks(const int32_t* ids, size_t count) {
     if (block_id != held_back) policy_->discard(block_id);
     held_back = kRoot;
     freed.push_back(block_id);
+    ended_hashes_.push_back(hash_of_[block_id]);
     const int32_t parent_id = parent_[block_id];
     deregister_leaf(block_id);
     if (parent_id != kRoot && pin_pending_[block_id]) hand_down(block_id, parent_id);
@@ -38,6 +40,7 @@ int64_t Engine::evict_blocks(const int32_t* ids, size_t count) {
     }
   }
   for (const int32_t block_id : freed) push_free(block_id);
+  if (!freed.empty()) policy_->on_end(ended_hashes_.data(), ended_hashes_.size());
   const auto num_freed = static_cast<int64_t>(freed.size());
   num_cached_ -= num_freed;
   counters_.num_evicted += num_freed;

@@ -92,6 +92,9 @@ class Policy {
   /// Whether on_hit does anything (auto: its safety net counts hits), so the engine may
   /// skip collecting the hashes for every other policy.
   virtual bool uses_on_hit() const noexcept { return false; }
+  /// A conversation's end freed the cached blocks ``hashes`` (Engine::evict_blocks, after
+  /// their discard and the frees; EvictionPolicy.on_end): auto's LRU shadow drops them.
+  virtual void on_end(const int64_t* hashes, size_t count) { (void)hashes, (void)count; }
   /// Whether set_retention does anything (the Python class overrides it).
   virtual bool has_retention() const noexcept { return false; }
   /// Retention ``priority`` for ``block_hash`` until ``expires_at`` (kNoExpiry: forever).

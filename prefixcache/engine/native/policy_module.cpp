@@ -2,7 +2,7 @@
 //
 // The binding of policy.h for tests and tools: the same methods as a Python
 // EvictionPolicy (insert, discard, touch, evict, evicts_first, on_register,
-// on_hit, set_retention, relocate, clear, len, in, copy), so tests/native/test_native_policies.py
+// on_hit, on_end, set_retention, relocate, clear, len, in, copy), so tests/native/test_native_policies.py
 // can drive a native policy and its Python class with the same calls. Calls are
 // checked here (a policy assumes valid calls): a block ID outside [0, num_blocks)
 // raises InvalidBlockIdError, inserting a tracked block BlockStateError, and
@@ -202,6 +202,14 @@ PyObject* policy_on_hit(PyObject* self, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+PyObject* policy_on_end(PyObject* self, PyObject* arg) {
+  if (!ready(self)) return nullptr;
+  std::vector<int64_t> parsed;
+  if (!native_parse_hashes(arg, parsed, "block_hashes", false)) return nullptr;
+  POLICY_GUARD(policy_of(self).on_end(parsed.data(), parsed.size());)
+  Py_RETURN_NONE;
+}
+
 PyObject* policy_set_retention(PyObject* self, PyObject* args) {
   long long block_hash, priority;
   PyObject* expires = Py_None;
@@ -295,6 +303,7 @@ PyMethodDef g_policy_methods[] = {
     {"on_register", ENTER(policy_on_register), METH_VARARGS,
      "on_register(block_hashes, first_depth)"},
     {"on_hit", ENTER(policy_on_hit), METH_O, "on_hit(block_hashes): a hit on that prefix"},
+    {"on_end", ENTER(policy_on_end), METH_O, "on_end(block_hashes): freed by an end"},
     {"set_retention", ENTER(policy_set_retention), METH_VARARGS,
      "set_retention(block_hash, priority, expires_at=None)"},
     {"clear", ENTER(policy_clear), METH_NOARGS, "clear(): forget everything"},

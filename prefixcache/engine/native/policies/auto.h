@@ -66,6 +66,7 @@ class AutoPolicy final : public CopyablePolicy<AutoPolicy> {
   void on_register(const int64_t* hashes, size_t count, int64_t first_depth) override;
   void on_hit(const int64_t* hashes, size_t count) override;
   bool uses_on_hit() const noexcept override { return true; }
+  void on_end(const int64_t* hashes, size_t count) override;
   bool evicts_first(int32_t block_id, const LeafInfo& leaf) override;
 
  private:

@@ -72,6 +72,13 @@ void AutoPolicy::on_hit(const int64_t* hashes, size_t count) {
   score(-missed, missed);
 }
 
+void AutoPolicy::on_end(const int64_t* hashes, size_t count) {
+  // A conversation's end freed these blocks: LRU, told the same, frees them too (the
+  // shadow drops the hashes and the real cache's lost room).
+  for (size_t i = 0; i < count; ++i) shadow_.erase(hashes[i]);
+  resize_shadow(-static_cast<int64_t>(count));
+}
+
 bool AutoPolicy::next_fallback() const {
   // Whether the net holds eviction after this step. No change.
   if (!(options_.safety_on && sees_hits_)) return false;

@@ -80,10 +80,32 @@ class RecencySet {
   }
 
   /// Remove the least recent key (the set must not be empty).
-  void pop_oldest() noexcept {
-    const int32_t slot = first_;
-    first_ = table_[slot].next;
-    (first_ == kNone ? last_ : table_[first_].prev) = kNone;
+  void pop_oldest() noexcept { remove_slot(first_); }
+
+  /// Remove ``key`` if present; whether it was.
+  bool erase(int64_t key) noexcept {
+    for (size_t slot = home(key);; slot = (slot + 1) & mask_) {
+      const Slot& entry = table_[slot];
+      if (entry.prev == kEmpty) return false;
+      if (entry.prev != kTomb && entry.key == key) {
+        remove_slot(static_cast<int32_t>(slot));
+        return true;
+      }
+    }
+  }
+
+  void clear() { reset(16); }
+
+  size_t memory_bytes() const noexcept { return table_.capacity() * sizeof(Slot); }
+
+ static constexpr int32_t kNone = -1;  // no neighbour in the list; no hint
+
+ private:
+  // Unlink live ``slot`` from the recency list and free it.
+  void remove_slot(int32_t slot) noexcept {
+    const int32_t before = table_[slot].prev, after = table_[slot].next;
+    (before == kNone ? first_ : table_[before].next) = after;
+    (after == kNone ? last_ : table_[after].prev) = before;
     --live_;
     // A removed slot before an empty one ends no probe run: it and the tombstones just
     // before it become empty again, so tombstones (longer probes, rebuilds) stay few.
@@ -99,13 +121,6 @@ class RecencySet {
     } while (table_[at].prev == kTomb);
   }
 
-  void clear() { reset(16); }
-
-  size_t memory_bytes() const noexcept { return table_.capacity() * sizeof(Slot); }
-
- static constexpr int32_t kNone = -1;  // no neighbour in the list; no hint
-
- private:
   static constexpr int32_t kTomb = -2;   // prev of a removed slot
   static constexpr int32_t kEmpty = -3;  // prev of a never-used slot
   static constexpr size_t kNoSlot = SIZE_MAX;
