@@ -197,6 +197,8 @@ def test_every_native_policy_method_leaves_its_arguments_refcounts_as_they_were(
         ("on_register", (hashes, 0)),
         ("on_hit", (hashes,)),
         ("on_hit", (["x"],)),  # refused
+        ("on_end", (hashes,)),
+        ("on_end", (["x"],)),  # refused
         ("set_retention", (big, 2, big)),
         ("clear", ()),
         ("memory_bytes", ()),
