@@ -9,6 +9,8 @@ from prefixcache.policies.linked_map import LinkedMap
 from sortedcontainers import SortedList
 
 _Stay = tuple[int, int, int]
+_Remembered = tuple[int | None, tuple[int, list[Any]] | None]
+"""What takes a history put back: the hash's old count (None: not there), the dropped entry."""
 """(hash, hand-outs last seen, hand-outs of earlier stays)."""
 
 
@@ -193,17 +195,10 @@ class ReuseLRUPolicy(EvictionPolicy):
             del self._key_of[block_id]
             last_access = self._last_access.pop(block_id)
             eviction_age = self._eviction_age
-            self._eviction_age += (self._now - last_access - eviction_age) * self._smoothing
+            self._age(last_access)
             stay = self._stays.pop(block_id)
-            history = None
-            if self._history_capacity:
-                block_hash, num_accesses, earlier = stay
-                old = self._history.get(block_hash)  # None: not there
-                self._history.put(block_hash, earlier + num_accesses)
-                dropped = None
-                if len(self._history) > self._history_capacity:
-                    dropped = self._history.unlink_oldest()
-                history = (old, dropped)
+            block_hash, num_accesses, earlier = stay
+            history = self._remember(block_hash, earlier + num_accesses)
             victims.append(block_id)
             if undo is not None:
                 undo.append((self._unevict, key, last_access, eviction_age, stay, history))
@@ -215,21 +210,42 @@ class ReuseLRUPolicy(EvictionPolicy):
         last_access: int,
         eviction_age: float,
         stay: _Stay,
-        history: tuple[int | None, tuple[int, list[Any]] | None] | None,
+        history: _Remembered | None,
     ) -> None:
         """Take an eviction back: the age and history as before, the victim at its key."""
         block_id = key[1]
         self._eviction_age = eviction_age
         self._stays[block_id] = stay
-        if history is not None:
-            old, dropped = history
-            if dropped is not None:
-                self._history.relink(*dropped)
-            if old is None:
-                self._history.unlink(stay[0])
-            else:
-                self._history.put(stay[0], old)
+        self._unremember(stay[0], history)
         self._put_back(block_id, key, last_access)
+
+    def _age(self, last_access: int) -> None:
+        """A victim last accessed at ``last_access`` moves the running eviction age."""
+        self._eviction_age += (self._now - last_access - self._eviction_age) * self._smoothing
+
+    def _remember(self, block_hash: int, num_uses: int) -> _Remembered | None:
+        """Put a victim's hand-outs in the history (an entry already there keeps its place),
+        the oldest dropped past capacity; what takes it back (None: no history is kept)."""
+        if not self._history_capacity:
+            return None
+        history = self._history
+        old = history.get(block_hash)  # None: not there
+        history.put(block_hash, num_uses)
+        dropped = history.unlink_oldest() if len(history) > self._history_capacity else None
+        return old, dropped
+
+    def _unremember(self, block_hash: int, remembered: _Remembered | None) -> None:
+        """Take :meth:`_remember` back."""
+        if remembered is None:
+            return
+        old, dropped = remembered
+        history = self._history
+        if dropped is not None:
+            history.relink(*dropped)
+        if old is None:
+            history.unlink(block_hash)
+        else:
+            history.put(block_hash, old)
 
     def evicts_first(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
@@ -260,18 +276,11 @@ class ReuseLRUPolicy(EvictionPolicy):
         # stay ended, the hand-outs remembered (an existing entry keeps its place).
         taken = (block_hash, history.unlink(block_hash)) if fresh else None
         old_now, eviction_age = self._now, self._eviction_age
-        self._now = now = max(old_now, last_access)
-        self._eviction_age += (now - last_access - eviction_age) * self._smoothing
+        self._now = max(old_now, last_access)
+        self._age(last_access)
         if stay is not None:
             del self._stays[block_id]
-        remembered = None
-        if self._history_capacity:
-            old = history.get(block_hash)
-            history.put(block_hash, earlier + num_accesses)
-            dropped = None
-            if len(history) > self._history_capacity:
-                dropped = history.unlink_oldest()
-            remembered = (old, dropped)
+        remembered = self._remember(block_hash, earlier + num_accesses)
         undo = self._txn_undo
         if undo is not None:
             undo.append(
@@ -287,23 +296,15 @@ class ReuseLRUPolicy(EvictionPolicy):
         taken: tuple[int, list[Any] | None] | None,
         now: int,
         eviction_age: float,
-        remembered: tuple[int | None, tuple[int, list[Any]] | None] | None,
+        remembered: _Remembered | None,
     ) -> None:
         """Take back what :meth:`evicts_first` booked, last change first."""
-        history = self._history
-        if remembered is not None:
-            old, dropped = remembered
-            if dropped is not None:
-                history.relink(*dropped)
-            if old is None:
-                history.unlink(block_hash)
-            else:
-                history.put(block_hash, old)
+        self._unremember(block_hash, remembered)
         if stay is not None:
             self._stays[block_id] = stay
         self._now, self._eviction_age = now, eviction_age
         if taken is not None and taken[1] is not None:
-            history.relink(block_hash, taken[1])
+            self._history.relink(block_hash, taken[1])
 
     def clear(self) -> None:
         """Forget every tracked leaf, stay and history. Complexity: O(n)."""
