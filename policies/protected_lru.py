@@ -228,22 +228,43 @@ class ProtectedLRUPolicy(EvictionPolicy):
         if not self._history_capacity:
             return place, stay, None, None
         block_hash, num_accesses, earlier = stay
-        history = self._history
-        replaced = history.unlink(block_hash)
-        history.put(block_hash, earlier + num_accesses)
-        dropped = history.unlink_oldest() if len(history) > self._history_capacity else None
-        return place, stay, replaced, dropped
+        return place, stay, *self._put_history(block_hash, earlier + num_accesses)
 
     def _unevict(self, block_id: int, evicted: _Evicted) -> None:
         """Take an eviction back: the history as before, the victim in its place."""
         place, stay, replaced, dropped = evicted
-        if dropped is not None:
-            self._history.relink(*dropped)
-        self._history.unlink(stay[0])  # a no-op without a history
-        if replaced is not None:
-            self._history.relink(stay[0], replaced)
+        self._take_back_history(stay[0], replaced, dropped)
         self._stays[block_id] = stay
         self._put_back(block_id, place)
+
+    def _put_history(
+        self, block_hash: int, num_uses: int
+    ) -> tuple[list[Any] | None, tuple[int, list[Any]] | None]:
+        """``block_hash``'s use count put last in the history, its old entry taken out and the
+        oldest dropped past capacity (with no history kept, only the old entry taken out);
+        returns what takes it back: the old entry's link and the dropped entry."""
+        history = self._history
+        replaced = history.unlink(block_hash)
+        dropped = None
+        if self._history_capacity:
+            history.put(block_hash, num_uses)
+            if len(history) > self._history_capacity:
+                dropped = history.unlink_oldest()
+        return replaced, dropped
+
+    def _take_back_history(
+        self,
+        block_hash: int,
+        replaced: list[Any] | None,
+        dropped: tuple[int, list[Any]] | None,
+    ) -> None:
+        """Take :meth:`_put_history` back, last change first."""
+        history = self._history
+        if dropped is not None:
+            history.relink(*dropped)
+        history.unlink(block_hash)  # a no-op without a history
+        if replaced is not None:
+            history.relink(block_hash, replaced)
 
     def evicts_first(
         self, block_id: int, block_hash: int, last_access: int, num_accesses: int, depth: int
@@ -277,12 +298,7 @@ class ProtectedLRUPolicy(EvictionPolicy):
         # replace), the use count put last, the oldest dropped past capacity.
         if stay is not None:
             del self._stays[block_id]
-        replaced = history.unlink(block_hash)
-        dropped = None
-        if self._history_capacity:
-            history.put(block_hash, earlier + num_accesses)
-            if len(history) > self._history_capacity:
-                dropped = history.unlink_oldest()
+        replaced, dropped = self._put_history(block_hash, earlier + num_accesses)
         undo = self._txn_undo
         if undo is not None:
             undo.append((self._unbook, block_id, block_hash, stay, replaced, dropped))
@@ -307,12 +323,7 @@ class ProtectedLRUPolicy(EvictionPolicy):
         dropped: tuple[int, list[Any]] | None,
     ) -> None:
         """Take back what :meth:`evicts_first` booked, last change first."""
-        history = self._history
-        if dropped is not None:
-            history.relink(*dropped)
-        history.unlink(block_hash)
-        if replaced is not None:
-            history.relink(block_hash, replaced)
+        self._take_back_history(block_hash, replaced, dropped)
         if stay is not None:
             self._stays[block_id] = stay
 
