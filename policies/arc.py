@@ -92,14 +92,8 @@ class ARCPolicy(EvictionPolicy):
     ) -> None:
         """Track ``block_id`` in T1 or T2, adapting ``p`` on a ghost hit. Complexity: O(log n)."""
         stay = self._stays.get(block_id)
-        ghost = None
-        if stay is not None and stay[0] == block_hash and stay[1] <= num_accesses:
-            frequent = stay[2] or num_accesses > stay[1]
-        else:
-            frequent = num_accesses > 1
-            if not frequent:
-                ghost = self._ghost_hit(block_hash)
-                frequent = ghost is not None
+        frequent, ghosts, share = self._goes_to_t2(stay, block_hash, num_accesses)
+        ghost = self._take_ghost(ghosts, block_hash, share)
         self._stays[block_id] = (block_hash, num_accesses, frequent)
         self._place(block_id, last_access, frequent)
         undo = self._txn_undo
@@ -119,19 +113,35 @@ class ARCPolicy(EvictionPolicy):
             ghosts, block_hash, link, self._recency_share = ghost
             ghosts.relink(block_hash, link)
 
-    def _ghost_hit(self, block_hash: int) -> _Ghost | None:
-        """Adapt ``p`` if ``block_hash`` is a ghost and drop it from its list.
+    def _goes_to_t2(
+        self, stay: tuple[int, int, bool] | None, block_hash: int, num_accesses: int
+    ) -> tuple[bool, LinkedMap[None] | None, float]:
+        """Whether inserting the leaf puts it on T2, the ghost list holding its hash (None: no
+        ghost hit) and ``p`` after the hit. Changes nothing.
 
-        Returns what puts it back (its list, the hash, its link, the old ``p``), or None if not
-        a ghost.
+        T2 when its stay goes on (a hit) and it was frequent or handed out since, when it
+        was handed out twice, or when its hash is a ghost.
         """
-        share = self._recency_share
-        ghosts, self._recency_share = self._ghost_share(block_hash)
+        if stay is not None and stay[0] == block_hash and stay[1] <= num_accesses:
+            return stay[2] or num_accesses > stay[1], None, self._recency_share
+        if num_accesses > 1:
+            return True, None, self._recency_share
+        ghosts, share = self._ghost_share(block_hash)
+        return ghosts is not None, ghosts, share
+
+    def _take_ghost(
+        self, ghosts: LinkedMap[None] | None, block_hash: int, share: float
+    ) -> _Ghost | None:
+        """Apply a ghost hit :meth:`_goes_to_t2` found: ``p`` set to ``share``, the hash off
+        ``ghosts``. Returns what puts it back (its list, the hash, its link, the old ``p``),
+        or None if there was no hit."""
         if ghosts is None:
             return None
         link = ghosts.unlink(block_hash)
         assert link is not None
-        return ghosts, block_hash, link, share
+        ghost = (ghosts, block_hash, link, self._recency_share)
+        self._recency_share = share
+        return ghost
 
     def _ghost_share(self, block_hash: int) -> tuple[LinkedMap[None] | None, float]:
         """The ghost list holding ``block_hash`` (None: neither) and ``p`` after its hit.
@@ -261,14 +271,7 @@ class ARCPolicy(EvictionPolicy):
         other. ``False`` changes nothing. Complexity: O(log n).
         """
         stay = self._stays.get(block_id)
-        share, ghosts = self._recency_share, None
-        if stay is not None and stay[0] == block_hash and stay[1] <= num_accesses:
-            frequent = stay[2] or num_accesses > stay[1]
-        else:
-            frequent = num_accesses > 1
-            if not frequent:
-                ghosts, share = self._ghost_share(block_hash)
-                frequent = ghosts is not None
+        frequent, ghosts, share = self._goes_to_t2(stay, block_hash, num_accesses)
         # evict's rule with the block tracked: T1 goes first while over its share, or alone.
         t1, t2 = self._t1, self._t2
         tracked = len(self._key_of) + 1
@@ -279,10 +282,7 @@ class ARCPolicy(EvictionPolicy):
             t1 and t1[0] < (last_access, block_id)
         ):
             return False
-        ghost = None
-        if ghosts is not None:  # the ghost hit insert takes
-            ghost = (ghosts, block_hash, ghosts.unlink(block_hash), self._recency_share)
-            self._recency_share = share
+        ghost = self._take_ghost(ghosts, block_hash, share)  # the ghost hit insert takes
         if stay is not None:
             del self._stays[block_id]
         target = self._b2 if frequent else self._b1
