@@ -14,6 +14,7 @@ same hits and evictions on replays through both engines.
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import pytest
@@ -156,7 +157,8 @@ class Twins:
 
 
 SETTINGS = settings(
-    max_examples=40,
+    # Fewer under the sanitizers (.ci/sanitize sets the knob the native policy tests share).
+    max_examples=int(os.environ.get("PREFIXCACHE_POLICY_EXAMPLES", "40")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
