@@ -218,9 +218,10 @@ class EvictionPolicy(ABC):
         out) and was then freed and unregistered: the cache is smaller by
         ``len(block_hashes)`` blocks, which no :meth:`evict` told. A policy
         that simulates another cache beside the real one (``auto``'s LRU
-        shadow) drops them there too. Both engines call it after the
-        eviction commits, outside any transaction, tail-first order; the
-        native engine does not forward it to a Python policy object.
+        shadow) drops them there too. Both engines call it once the blocks
+        are chosen, inside the eviction's transaction, tail-first order (a
+        Python policy object on the native engine too): if it raises, the
+        end changes nothing and the transaction is aborted.
         The list belongs to the caller. The default does nothing.
         Complexity: O(len(block_hashes)) at most.
         """

@@ -120,7 +120,9 @@ class NativeEngine:
         module = native_module()
         # A Python policy object: the engine calls its hooks (native/python_policy.cpp).
         hooks = tuple(
-            hook for hook in ("evicts_first", "on_register") if has_hook(policy_object, hook)
+            hook
+            for hook in ("evicts_first", "on_register", "on_end")
+            if has_hook(policy_object, hook)
         )
         self.core = module.Engine(
             total_count,

@@ -103,7 +103,8 @@ class PythonEvictionSteps:
         back inside the same transaction; if either fails, the plan's
         hand-downs are undone and the journal rolls back, so nothing changes.
         Only then are the registry and counters written. ``ended`` (a conversation's
-        end): the freed blocks' hashes go to the policy's ``on_end`` first.
+        end): the freed blocks' hashes go to the policy's ``on_end`` before the pool
+        takes them, inside the transaction (an ``on_end`` that raises changes nothing).
 
         Returns:
             The number of blocks freed.
@@ -111,6 +112,9 @@ class PythonEvictionSteps:
         journal = self._journal()
         try:
             freed, dropped = plan(journal)
+            if freed and ended and self._observe_end is not None:  # in the transaction
+                hash_of = self.registry.hash_of
+                self._observe_end([int(hash_of(block_id)) for block_id in freed])
             if freed:
                 self.pool.release(np.asarray(freed, dtype=np.int32))
         except BaseException:
@@ -119,9 +123,6 @@ class PythonEvictionSteps:
             raise
         journal.commit()
         if freed:
-            if ended and self._observe_end is not None:  # before deregistering: hashes still there
-                hash_of = self.registry.hash_of
-                self._observe_end([int(hash_of(block_id)) for block_id in freed])
             self._commit_eviction(freed, dropped)
             if self._track_changes:
                 self._freed.append(np.asarray(freed, dtype=np.int32))

@@ -5,7 +5,8 @@ the transaction rule with a checkpoint of its own state (``native/engine_checkpo
 DESIGN.md, "Native policies"). A hypothesis state machine drives
 ``KVBlockAllocator(engine="python")`` and ``engine="native"``, each with its own instance
 of the same policy class, through random programs (allocate, serve, release, match,
-touch, evict, the fused request path, registration, retention, defragment, reset) and
+touch, evict, the fused request path, registration, retention, a conversation's end,
+defragment, reset) and
 arms a fault at a random later hook call of both policies: the hook raises (after its
 change, so the policy's abort must take it back). After every step the return values or
 exception types, the engine-agnostic state digest and the policies' eviction orders
@@ -71,7 +72,28 @@ def _example_policy() -> type[EvictionPolicy]:
     return cls
 
 
-_HOOKS = ("insert", "discard", "touch", "evict", "relocate", "on_register", "evicts_first")
+_HOOKS = (
+    "insert",
+    "discard",
+    "touch",
+    "evict",
+    "relocate",
+    "on_register",
+    "evicts_first",
+    "on_end",
+)
+_OPTIONAL = ("on_register", "evicts_first", "on_end")
+
+
+class EndRecordingLRU(LRUPolicy):
+    """LRU that records what each ``on_end`` told it (both engines must tell the same)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended: list[list[int]] = []
+
+    def on_end(self, block_hashes: list[int]) -> None:
+        self.ended.append(list(block_hashes))
 
 
 def faulty(base: type[EvictionPolicy]) -> type[EvictionPolicy]:
@@ -94,7 +116,7 @@ def faulty(base: type[EvictionPolicy]) -> type[EvictionPolicy]:
 
         return hooked
 
-    names = [n for n in _HOOKS if n not in ("on_register", "evicts_first") or has_hook(base, n)]
+    names = [n for n in _HOOKS if n not in _OPTIONAL or has_hook(base, n)]
     namespace: dict[str, Any] = {name: wrap(name) for name in names}
     namespace["fault_in"] = -1
     return type(f"Faulty{base.__name__}", (base,), namespace)
@@ -106,6 +128,7 @@ POLICY_CLASSES = {
     "s3fifo": S3FIFOPolicy,
     "arc": ARCPolicy,
     "priority": PriorityPolicy,
+    "lru_on_end": EndRecordingLRU,
 }
 
 PROFILE = settings(
@@ -237,6 +260,11 @@ class PythonPolicyMachine(RuleBasedStateMachine):
     def evict(self, count: int) -> None:
         self.both(lambda a: a.evict_cached_blocks(count))
 
+    @rule(ids=st.lists(st.integers(0, NUM_USABLE - 1), max_size=6))
+    def end(self, ids: list[int]) -> None:
+        """A conversation's end: its cached leaves freed tail-first, then ``on_end``."""
+        self.both(lambda a: a.evict_blocks(ids))
+
     @rule(hashes=hashes_st, priority=st.integers(0, 50))
     def retain(self, hashes: list[int], priority: int) -> None:
         self.both(lambda a: a.set_retention_priority(hashes, priority))
@@ -263,6 +291,7 @@ class PythonPolicyMachine(RuleBasedStateMachine):
         assert mine == theirs, changed_fields(theirs, mine)
         assert _order(self.policies[1]) == _order(self.policies[0])
         assert len(self.policies[1]) == len(self.policies[0])
+        assert getattr(self.policies[1], "ended", None) == getattr(self.policies[0], "ended", None)
         assert self.native._engine.find_problems() == []
         self.python.check_invariants()
 

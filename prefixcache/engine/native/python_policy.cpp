@@ -41,8 +41,8 @@ class PythonPolicy final : public Policy {
 
   bool bind_methods(PyObject* hooks) {
     static const char* const names[kNumMethods] = {
-        "insert", "discard", "touch",  "evict", "clear",        "relocate",
-        "begin",  "commit",  "abort",  "evicts_first", "on_register"};
+        "insert", "discard", "touch",  "evict",        "clear",       "relocate",
+        "begin",  "commit",  "abort",  "evicts_first", "on_register", "on_end"};
     for (int i = 0; i < kNumMethods; ++i) {
       if (i >= kEvictsFirst) {  // optional: only an overridden hook is called
         PyObject* name = PyUnicode_FromString(names[i]);
@@ -94,16 +94,7 @@ class PythonPolicy final : public Policy {
   void on_register(const int64_t* hashes, size_t count, int64_t first_depth) override {
     if (!methods_[kOnRegister]) return;
     open();
-    PyObject* list = PyList_New(static_cast<Py_ssize_t>(count));
-    if (!list) raised();
-    for (size_t i = 0; i < count; ++i) {
-      PyObject* value = PyLong_FromLongLong(hashes[i]);
-      if (!value) {
-        Py_DECREF(list);
-        raised();
-      }
-      PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), value);
-    }
+    PyObject* list = hash_list(hashes, count);
     PyObject* depth = PyLong_FromLongLong(first_depth);
     if (!depth) {
       Py_DECREF(list);
@@ -111,6 +102,14 @@ class PythonPolicy final : public Policy {
     }
     PyObject* args[2] = {list, depth};
     finish(PyObject_Vectorcall(methods_[kOnRegister], args, 2, nullptr), args, 2, false);
+  }
+  // Inside evict_blocks' transaction (as the Python engine's PythonEvictionSteps calls it):
+  // an on_end that raises fails the end with the engine restored and the object aborted.
+  void on_end(const int64_t* hashes, size_t count) override {
+    if (!methods_[kOnEnd]) return;
+    open();
+    PyObject* args[1] = {hash_list(hashes, count)};
+    finish(PyObject_Vectorcall(methods_[kOnEnd], args, 1, nullptr), args, 1, false);
   }
   bool evicts_first(int32_t block_id, const LeafInfo& leaf) override {
     if (!methods_[kEvictsFirst]) return false;
@@ -174,8 +173,23 @@ class PythonPolicy final : public Policy {
  private:
   enum Method {
     kInsert, kDiscard, kTouch, kEvict, kClear, kRelocate, kBegin, kCommit, kAbort,
-    kEvictsFirst, kOnRegister, kNumMethods
+    kEvictsFirst, kOnRegister, kOnEnd, kNumMethods
   };
+
+  // A new list of ``count`` Python ints (the hashes); throws as raised() when out of memory.
+  static PyObject* hash_list(const int64_t* hashes, size_t count) {
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(count));
+    if (!list) raised();
+    for (size_t i = 0; i < count; ++i) {
+      PyObject* value = PyLong_FromLongLong(hashes[i]);
+      if (!value) {
+        Py_DECREF(list);
+        raised();
+      }
+      PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), value);
+    }
+    return list;
+  }
 
   // Open the object's transaction on the first call of an engine call that reaches it.
   void open() {
