@@ -11,12 +11,15 @@
 namespace prefixcache {
 
 int64_t Engine::evict_blocks(const int32_t* ids, size_t count) {
-  // IDs are in [0, num_usable) (checked by the binding). Nothing here throws but a
-  // Python policy's hook, which the binding's PolicyTransaction takes back.
+  // IDs are in [0, num_usable) (checked by the binding). Nothing after the first change
+  // throws but a Python policy's hook, which the binding's PolicyTransaction takes back: the
+  // scratch vectors get their room (the only allocation) before the walk.
   if (!policy_ || count == 0) return 0;
   std::vector<int32_t>& freed = scratch_;
   freed.clear();
   ended_hashes_.clear();
+  freed.reserve(count);
+  ended_hashes_.reserve(count);
   int32_t held_back = kRoot;  // an exposed parent that is the walk's next ID: kept from the policy
   for (size_t index = count; index-- > 0;) {
     const int32_t block_id = ids[index];
