@@ -19,9 +19,12 @@ Recording is conservative (every insert and pop, whatever it changed), so the bl
 listed equal :func:`full_walk`'s at every step
 (``tests/integrations/test_vllm_hint_walk.py`` runs both over random programs).
 
-Cost per step: O(queued requests walked + keys inserted or popped since the last step +
-positions looked up again), plus copying the listed blocks; the index is rebuilt when
-stale entries outnumber live ones (amortised O(1) an entry). A pool whose map has no
+The queue's unchanged run (the last step's requests from the new head on, in the same
+order, compared by identity in C) keeps its prefixes and has their block lists
+concatenated in C; the requests after it are handled one by one. Cost per step: O(keys
+inserted or popped since the last step + positions looked up again + requests after the
+run) Python work, plus O(run + listed blocks) in C; the index is rebuilt when stale
+entries outnumber live ones (amortised O(1) an entry). A pool whose map has no
 ``insert``/``pop`` (a stand-in) gets :func:`full_walk` each step.
 """
 
