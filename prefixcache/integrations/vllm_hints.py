@@ -7,7 +7,8 @@ needs without a patch: its ``Scheduler`` holds the queued requests (``kv_holding
 drained first, then ``waiting``, each iterable in scheduling order), every ``Request`` has
 its ``block_hashes`` from arrival, and ``kv_cache_manager.block_pool`` finds a cached block
 by hash (``get_cached_block``). Once per scheduler step (the plugin's wrapper of
-``Scheduler.schedule``, after admission) :func:`refresh` finds each queued request's
+``Scheduler.schedule``, before vLLM's: the blocks the last step registered or freed are
+protected through this step's allocations) :func:`refresh` finds each queued request's
 longest cached prefix (:mod:`.vllm_hint_walk`: kept from the last step, looked up again
 only where vLLM's hash map changed) and gives the blocks, in scheduling order, to the
 pool's free-block queue (``set_hinted``): its free ones leave the policy's order and go
