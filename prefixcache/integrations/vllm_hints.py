@@ -7,12 +7,14 @@ needs without a patch: its ``Scheduler`` holds the queued requests (``kv_holding
 drained first, then ``waiting``, each iterable in scheduling order), every ``Request`` has
 its ``block_hashes`` from arrival, and ``kv_cache_manager.block_pool`` finds a cached block
 by hash (``get_cached_block``). Once per scheduler step (the plugin's wrapper of
-``Scheduler.schedule``, after admission) :func:`refresh` looks up each queued request's
-longest cached prefix and gives the blocks, in scheduling order, to the pool's free-block
-queue (``set_hinted``): its free ones leave the policy's order and go only when no other
-free block is left, the newest hint first. They stay free, so vLLM's accounting (free
-blocks, ``kv_cache_usage_perc``, admission) is unchanged and a hint can never make an
-allocation fail: yielding is implicit.
+``Scheduler.schedule``, before vLLM's: the blocks the last step registered or freed are
+protected through this step's allocations) :func:`refresh` finds each queued request's
+longest cached prefix (:mod:`.vllm_hint_walk`: kept from the last step, looked up again
+only where vLLM's hash map changed) and gives the blocks, in scheduling order, to the
+pool's free-block queue (``set_hinted``): its free ones leave the policy's order and go
+only when no other free block is left, the newest hint first. They stay free, so vLLM's
+accounting (free blocks, ``kv_cache_usage_perc``, admission) is unchanged and a hint can
+never make an allocation fail: yielding is implicit.
 
 The bound (:data:`HINTS_ENV`, ``install(..., queue_hints=share)``) is the share of the
 pool's blocks hints may hold; 0, the default, turns hints off. Pools whose KV-cache groups
@@ -21,13 +23,14 @@ use a block size other than the hash block size (hybrid models) get no hints.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from prefixcache.errors import ConfigError
+from prefixcache.integrations.vllm_hint_walk import close_all, full_walk, prefix_walk
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue
 
-__all__ = ["HINTS_ENV", "hint_share", "parse_share", "queued_prefix_blocks", "refresh", "set_share"]
+__all__ = ["HINTS_ENV", "hint_share", "parse_share", "refresh", "set_share"]
 
 HINTS_ENV = "PREFIXCACHE_VLLM_QUEUE_HINTS"
 """Environment variable the plugin reads: the share of the pool queue hints may hold
@@ -56,6 +59,8 @@ def set_share(share: float) -> None:
     """Set the share of each pool that hints may hold from the next step on (0: off)."""
     global _share
     _share = parse_share(share)
+    if _share <= 0.0:
+        close_all()  # vLLM's hash maps without the walks' recording
 
 
 def hint_share() -> float:
@@ -71,8 +76,10 @@ def refresh(scheduler: Any) -> int | None:
     caching off), its groups' block size is not the hash block size, or hints are off
     and none was held.
 
-    Complexity: O(queued requests + the blocks of their cached prefixes), the walk
-    stopped at the pool's size; the queue's work is O(listed + previously hinted).
+    Complexity: O(queued requests walked + hash keys vLLM inserted or popped since the
+    last step + positions looked up again) lookups (:mod:`.vllm_hint_walk`: only what may
+    have changed is looked up again), the walk stopped at the pool's size; the queue's
+    work is O(listed + previously hinted).
     """
     pool: Any = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
     queue = getattr(pool, "free_block_queue", None)
@@ -84,35 +91,17 @@ def refresh(scheduler: Any) -> int | None:
     if group_ids is None:
         return None
     num_blocks = int(pool.num_gpu_blocks)
-    blocks = queued_prefix_blocks(pool, _queued(scheduler), group_ids, num_blocks)
+    walk = prefix_walk(pool, group_ids)
+    if walk is None:  # a map the walk cannot record: every prefix looked up again
+        blocks = full_walk(pool, _queued(scheduler), group_ids, num_blocks)
+    else:
+        blocks = walk.blocks(_queued(scheduler), num_blocks)
     return queue.set_hinted(blocks, int(_share * num_blocks))
 
 
-def queued_prefix_blocks(
-    pool: Any, requests: Any, group_ids: Sequence[int], max_blocks: int
-) -> list[Any]:
-    """The blocks of each request's longest cached prefix, request by request, each
-    from its first block (all groups' blocks of a hash together); at most about
-    ``max_blocks`` (the walk stops at the first request that reaches it).
-    Complexity: O(the blocks listed + the requests walked)."""
-    blocks: list[Any] = []
-    groups = list(group_ids)
-    lookup = pool.get_cached_block
-    for request in requests:
-        for block_hash in request.block_hashes:
-            cached = lookup(block_hash, groups)
-            if cached is None:
-                break
-            blocks.extend(cached)
-        if len(blocks) >= max_blocks:
-            break
-    return blocks
-
-
-def _queued(scheduler: Any) -> Any:
+def _queued(scheduler: Any) -> list[Any]:
     """The queued requests, in scheduling order."""
-    for name in _WAITING:
-        yield from getattr(scheduler, name, None) or ()
+    return list(chain.from_iterable(getattr(scheduler, name, None) or () for name in _WAITING))
 
 
 def _group_ids(scheduler: Any, pool: Any) -> list[int] | None:

@@ -147,15 +147,16 @@ def _wrap_scheduler_init(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
-    """After each scheduler step the counts waiting in the native queues go to Prometheus
-    (an engine-core process writes them to the multiprocess directory then), and the
-    queued requests' cached prefixes are hinted in the pool's queue when hints are on
-    (:mod:`.vllm_hints`: admission is over, so they are what still waits)."""
+    """Before each scheduler step the queued requests' cached prefixes are hinted in the
+    pool's queue when hints are on (:mod:`.vllm_hints`: before the step's allocations, so
+    the blocks the last step registered or freed are protected too); after it the counts
+    waiting in the native queues go to Prometheus (an engine-core process writes them to
+    the multiprocess directory then)."""
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        vllm_hints.refresh(self)
         output = original(self, *args, **kwargs)
         vllm_metrics.flush_all()
-        vllm_hints.refresh(self)
         return output
 
     setattr(schedule, _MARK, original)

@@ -9,13 +9,16 @@ queues and the refresh alone, in CI.
 from __future__ import annotations
 
 import importlib
+import random
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from prefixcache.integrations import vllm as plugin
+from prefixcache.integrations import vllm_hint_walk
 from prefixcache.testing.vllm_scheduler import make_request, make_scheduler
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (CI); see the module docstring")
@@ -97,3 +100,55 @@ def test_another_policy_keeps_the_prefix_too(
 ) -> None:
     monkeypatch.setenv("PREFIXCACHE_ENGINE", "auto")
     assert queued_prefix_run(tmp_path, 1.0, "s3fifo")[0] == 64
+
+
+@pytest.mark.parametrize("engine", ["python", "auto"])
+def test_the_incremental_walk_lists_what_the_full_walk_lists_in_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """Random multi-turn traffic through vLLM's scheduler (conversations that grow, a
+    pool small enough that prefixes are evicted, preemptions): at every step the
+    incremental walk lists the full walk's blocks, in order."""
+    monkeypatch.setenv("PREFIXCACHE_ENGINE", engine)
+    listings: list[int] = []
+    original = vllm_hint_walk.PrefixWalk.blocks
+
+    def checked(walk: Any, requests: Any, max_blocks: int) -> list[Any]:
+        queued = list(requests)
+        listed = original(walk, iter(queued), max_blocks)
+        pool = SimpleNamespace(get_cached_block=walk._lookup)
+        expected = vllm_hint_walk.full_walk(pool, queued, walk.group_ids, max_blocks)
+        assert [b.block_id for b in listed] == [b.block_id for b in expected]
+        listings.append(len(listed))
+        return listed
+
+    monkeypatch.setattr(vllm_hint_walk.PrefixWalk, "blocks", checked)
+    plugin.install("lru", queue_hints=1.0)
+    scheduler = make_scheduler(tmp_path / "model", 40, max_num_seqs=3, max_num_batched_tokens=64)
+    rng = random.Random(7)
+    history = {c: list(range(1000 * c, 1000 * c + 16 * rng.randint(1, 4))) for c in range(6)}
+    live: dict[str, Any] = {}
+    output_class = importlib.import_module("vllm.v1.outputs").ModelRunnerOutput
+    steps = preempted = 0
+    while steps < 300 or live:
+        steps += 1
+        if steps < 300 and rng.random() < 0.3:
+            conversation = rng.randrange(6)
+            history[conversation] += [rng.randrange(5, 900) for _ in range(rng.randint(4, 40))]
+            request = make_request(f"{steps}", history[conversation][-300:], 16, rng.randint(1, 20))
+            live[request.request_id] = request
+            scheduler.add_request(request)
+        output = scheduler.schedule()
+        preempted += len(output.preempted_req_ids or ())
+        ids = list(output.num_scheduled_tokens)
+        sampled = [[5] if live[i].num_computed_tokens >= live[i].num_tokens else [] for i in ids]
+        result = output_class(
+            req_ids=ids,
+            req_id_to_index={i: n for n, i in enumerate(ids)},
+            sampled_token_ids=sampled,
+        )
+        scheduler.update_from_output(output, result)
+        for request_id in ids:
+            if live[request_id].is_finished():
+                del live[request_id]
+    assert len(listings) == steps and max(listings) > 8 and preempted > 0
