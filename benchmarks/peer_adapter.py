@@ -46,8 +46,8 @@ Mapping (what a serving engine calls, in the order it calls it):
   writes the request's block IDs into a preallocated int32 block-table row
   as long as the pool), then ``release_request(row[:n])``.
 - W4: ``serve_turn`` through one session per conversation (``open_session()``: on
-  the native engine the extension's, one native call a step): ``admit(new tokens)``,
-  ``append(response)``, ``release()``.
+  the native engine the extension's): ``turn(prompt, response, start)``, one native call
+  for ``admit(prompt[start:])``, ``append(response)``, ``release()``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class PrefixCacheAdapter:
         self._allocator: KVBlockAllocator | None = None
         self._block_size = 16
         self._row = np.zeros(0, dtype=np.int32)  # sized by prefix_init
-        self._sessions: dict[int, SessionHandle] = {}
+        self._sessions: dict[int | None, SessionHandle] = {}
 
     def version(self) -> str:
         """The prefixcache version string, with the engine that runs."""
@@ -154,7 +154,7 @@ class PrefixCacheAdapter:
         self._admit = allocator.admit_request
         self._release = allocator.release_request
         self._row = np.zeros(pool_blocks, dtype=np.int32)  # no request outgrows the pool
-        self._sessions: dict[int, SessionHandle] = {}
+        self._sessions: dict[int | None, SessionHandle] = {}
         self.hash_s = 0.0
 
     @staticmethod
@@ -182,21 +182,22 @@ class PrefixCacheAdapter:
     ) -> int:
         """W4: one turn of conversation ``session`` through its session (``open_session``).
 
-        The session hashes and matches only the tokens after its chain's end
-        (``prompt`` is the whole conversation so far plus the new user part),
-        appends ``response`` as decode does (registering the blocks it fills),
-        then releases the turn; an idle session holds no block. ``last`` ends it.
+        One call a turn (``turn``): the session hashes and matches only the tokens
+        after its chain's end (``prompt`` is the whole conversation so far plus the
+        new user part; ``start`` skips the rest without a slice), appends
+        ``response`` as decode does (registering the blocks it fills), then
+        releases the turn; an idle session holds no block. ``last`` ends it. The
+        harness converts the whole context just before (``prepare``), which leaves
+        the caches cold: the fewer objects and calls a turn touches, the less that
+        costs (DESIGN.md, "Sessions").
         """
-        allocator = self._require_allocator()
-        key = -1 if session is None else session
-        conversation = self._sessions.get(key)
+        sessions = self._sessions
+        conversation = sessions.get(session)
         if conversation is None:
-            conversation = self._sessions[key] = allocator.open_session()
-        num_hit = conversation.admit(prompt[conversation.num_tokens :])
-        conversation.append(response)
-        conversation.release()
+            conversation = sessions[session] = self._require_allocator().open_session()
+        num_hit = conversation.turn(prompt, response, conversation.num_tokens)
         if last:
-            del self._sessions[key]
+            del sessions[session]
         return num_hit
 
     def _require_allocator(self) -> KVBlockAllocator:

@@ -100,6 +100,32 @@ class Session:
 
     # ------------------------------------------------------------------ a turn
 
+    def turn(self, tokens: Any, response: Any, start: int = 0) -> int:
+        """A whole turn in one call: :meth:`admit` ``tokens[start:]``, :meth:`append`
+        ``response``, :meth:`release`; ``tokens`` may be the whole conversation, with
+        ``start`` = :attr:`num_tokens` (no slice made). The capacity check covers the
+        response too, so a refused turn changes nothing. Returns admit's hits.
+
+        Raises:
+            BlockStateError: a turn is running.
+            InvalidArgumentError, InvalidTensorError: malformed or no tokens or
+                response, ``start`` outside ``tokens``.
+            CapacityError: the pool cannot hold the prompt and the response.
+
+        Complexity: those of the three calls (the extension's twin: one native call).
+        """
+        if self._num_held:
+            raise BlockStateError("a turn of this session is running; release() it first")
+        reply = _tokens(response)  # checked before anything changes
+        if start:
+            if not 0 <= start <= len(tokens):
+                raise InvalidArgumentError(f"start {start} is outside the {len(tokens)} tokens")
+            tokens = tokens[start:]
+        num_hit = self._admit(tokens, len(reply))
+        self.append(reply)  # admit checked its room
+        self.release()
+        return num_hit
+
     def admit(self, tokens: Any) -> int:
         """Start a turn whose prompt is the conversation so far plus ``tokens``.
 
@@ -121,6 +147,11 @@ class Session:
         """
         if self._num_held:
             raise BlockStateError("a turn of this session is running; release() it first")
+        return self._admit(tokens, 0)
+
+    def _admit(self, tokens: Any, reserve: int) -> int:
+        """:meth:`admit`, whose capacity check also counts ``reserve`` tokens after the
+        prompt (:meth:`turn`'s response)."""
         host = self._host
         size = host.block_size_tokens
         fresh = _tokens(tokens)
@@ -145,16 +176,17 @@ class Session:
         num_hit = len(hit)
         num_blocks = -(-num_tokens // size)
         needed = num_blocks - num_hit
-        if needed > engine.num_free:  # else no eviction: no need to count the cached hits
+        wanted = -(-(num_tokens + reserve) // size) - num_hit  # what the check covers
+        if wanted > engine.num_free:  # else no eviction: no need to count the cached hits
             room = engine.num_free + engine.num_cached - num_hit  # at most: see room_beside
-            if needed > room - engine.pin_bound:
+            if wanted > room - engine.pin_bound:
                 active, paused = engine.reference_counts(hit.astype(np.intp))
                 cached_hits = int(((active + paused) == 0).sum())  # a chain's are distinct
-                room = room_beside(engine, needed, hit, cached_hits)
-            if needed > room:
-                if host._yield_hints(needed, hit):  # withdrew scheduler hints: room now
-                    return self.admit(tokens)
-                raise CapacityError(f"the turn needs {needed} blocks; {room} can be freed")
+                room = room_beside(engine, wanted, hit, cached_hits)
+            if wanted > room:
+                if host._yield_hints(wanted, hit):  # withdrew scheduler hints: room now
+                    return self._admit(tokens, reserve)
+                raise CapacityError(f"the turn needs {wanted} blocks; {room} can be freed")
         # The chain pin (engine/pins.py): one reference on the hit chain's tail stands for
         # one on each of its blocks, where the engine allows it and nothing watches.
         pinned = num_hit if num_hit > 1 and self._can_pin else 0

@@ -66,7 +66,16 @@ def run_program(
     messages: bool = False,
     tokens_of: st.SearchStrategy[list[int]] = tokens_st,
     num_steps: int = 40,
-    steps: tuple[str, ...] = ("admit", "append", "release", "request", "evict", "defrag", "reset"),
+    steps: tuple[str, ...] = (
+        "admit",
+        "append",
+        "release",
+        "turn",
+        "request",
+        "evict",
+        "defrag",
+        "reset",
+    ),
 ) -> None:
     """A random program of turns, other requests, evictions, defragmentation and resets,
     run on both allocators: the same outcomes, rows and state after every step."""
@@ -94,6 +103,25 @@ def run_program(
         elif step == "release" and session.running:
             session.release()
             twin.release()
+        elif step == "turn" and not session.running:  # admit, append, release in one call
+            lead = data.draw(st.lists(st.integers(0, 1), max_size=2), label="lead")
+            tokens = data.draw(tokens_st, label="tokens")
+            response = data.draw(tokens_st, label="response")
+
+            def whole(
+                s: Any, lead: list[int] = lead, t: list[int] = tokens, r: list[int] = response
+            ) -> int:
+                # ``start`` skips tokens the call reads past (the harness's whole context)
+                hits: int = s.turn(lead + t, r, len(lead)) if lead else s.turn(t, r)
+                return hits
+
+            got = outcome(lambda s=session: whole(s), messages)
+            if not isinstance(twin, Twin):
+                assert got == outcome(lambda w=twin: whole(w), messages)
+            elif got[0] == "ok":  # refused, ours changed nothing: the twin did nothing
+                assert got == ("ok", twin.admit(tokens))
+                twin.append(response)
+                twin.release()
         elif step == "request":  # another request comes and goes
             tokens = data.draw(tokens_st, label="request")
             for allocator in (ours, theirs):
@@ -176,7 +204,7 @@ def test_pinned_chains_under_eviction_pressure_equal_full_references(
     ours, theirs = small_allocator(engine, policy, total), small_allocator(engine, policy, total)
     sessions = [open_session(ours, kind) for _ in range(3)]
     twins = [Twin(theirs) for _ in range(3)]
-    turns = ("admit", "admit", "append", "release", "release", "request", "evict", "defrag")
+    turns = ("admit", "admit", "append", "release", "release", "turn", "request", "evict", "defrag")
     run_program(
         data, ours, theirs, sessions, twins, tokens_of=long_tokens_st, steps=turns, num_steps=80
     )
@@ -276,6 +304,31 @@ def test_refusals_change_nothing(kind: str) -> None:
     with pytest.raises(CapacityError):
         session.admit(list(range(10, 17)))
     assert state_digest(allocator) == before and session.num_tokens == 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_turn_changes_nothing(kind: str) -> None:
+    """turn's capacity check covers the response: the prompt alone would fit, the whole
+    turn does not, and nothing changes (no admit left running, no block registered)."""
+    engine = "python" if kind == "python" else "native"
+    allocator = small_allocator(engine, total_count=6)  # 5 usable blocks
+    session = open_session(allocator, kind)
+    before = state_digest(allocator)
+    with pytest.raises(CapacityError, match="the turn needs 7 blocks"):
+        session.turn([1, 2, 3], list(range(10)))
+    for tokens, response, start in (([1], [], 0), ([1, 2], [3], 2), ([1, 2], [3], 3)):
+        with pytest.raises(InvalidArgumentError):
+            session.turn(tokens, response, start)
+    assert state_digest(allocator) == before
+    assert (session.num_tokens, session.running) == (0, False)
+    assert session.turn([9, 1, 2, 3], [4], 1) == 0  # reads tokens[1:]: the prompt [1, 2, 3]
+    assert (session.num_tokens, session.running) == (4, False)
+    assert session.turn([1, 2, 3, 4, 5], [6], 4) == 2  # blocks [1, 2], [3, 4] from the cache
+    session.admit([7])
+    with pytest.raises(BlockStateError, match="running"):
+        session.turn([8], [9])
+    session.release()
+    allocator.check_invariants()
 
 
 def test_sessions_are_refused_where_they_cannot_keep_the_rule() -> None:

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "module_engine.h"
 #include "session.h"
@@ -129,6 +130,51 @@ PyObject* session_append(PyObject* py_self, PyObject* arg) {
   return session_step(py_self, arg, false);
 }
 
+// turn(tokens, response, start=0): admit(tokens[start:]), append(response) and release() in
+// one call (one crossing, one guard, no slice object). The response is read first and
+// copied (a list's tokens share the engine's scratch with the prompt's), then the prompt;
+// every check precedes the first engine write.
+PyObject* session_turn(PyObject* py_self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 && nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "turn() takes 2 or 3 arguments (tokens, response, start), "
+                 "%zd given", nargs);
+    return nullptr;
+  }
+  long long start = 0;
+  if (nargs == 3) {
+    start = PyLong_AsLongLong(args[2]);
+    if (start == -1 && PyErr_Occurred()) return nullptr;
+  }
+  return with_engine(py_self, [args, start](SessionObject* self, Engine& engine) -> PyObject* {
+    self->state->expect_running(false);
+    std::vector<int32_t>& reply = self->state->reply();
+    {
+      Tokens response;
+      if (!native_parse_tokens(self->engine, args[1], &response)) return nullptr;
+      reply.assign(response.data, response.data + response.count);
+    }
+    if (reply.empty()) {
+      return native_raise(ErrorKind::kInvalidArgument,
+                          "a turn or an append needs at least one token");
+    }
+    Tokens tokens;
+    if (!native_parse_tokens(self->engine, args[0], &tokens)) return nullptr;
+    if (start < 0 || static_cast<unsigned long long>(start) > tokens.count) {
+      return native_raise(ErrorKind::kInvalidArgument,
+                          "start " + std::to_string(start) + " is outside the " +
+                              std::to_string(tokens.count) + " tokens");
+    }
+    const size_t first = static_cast<size_t>(start);
+    if (first == tokens.count) {
+      return native_raise(ErrorKind::kInvalidArgument,
+                          "a turn or an append needs at least one token");
+    }
+    return PyLong_FromLongLong(self->state->turn(engine, self->engine->layout_epoch,
+                                                 tokens.data + first, tokens.count - first,
+                                                 reply.data(), reply.size()));
+  });
+}
+
 PyObject* session_release(PyObject* py_self, PyObject*) {
   return with_engine(py_self, [](SessionObject* self, Engine& engine) -> PyObject* {
     self->state->release(engine, self->engine->layout_epoch);
@@ -182,6 +228,10 @@ PyMethodDef g_session_methods[] = {
     {"admit", session_admit, METH_O, "admit(tokens) -> blocks served from the cache"},
     {"append", session_append, METH_O, "append(tokens): decoded tokens of the running turn"},
     {"release", session_release, METH_NOARGS, "release(): end the running turn"},
+    {"turn", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(session_turn)),
+     METH_FASTCALL,
+     "turn(tokens, response, start=0) -> blocks served from the cache: admit(tokens[start:]), "
+     "append(response), release() in one call"},
     {"end", session_end, METH_NOARGS,
      "end() -> blocks freed: the conversation ended; free its own cached blocks, start over"},
     {nullptr, nullptr, 0, nullptr},

@@ -71,6 +71,21 @@ void SessionState::grow(size_t num_blocks) {
 
 int64_t SessionState::admit(Engine& engine, int64_t epoch, const int32_t* tokens,
                             size_t count) {
+  return admit_reserving(engine, epoch, tokens, count, 0);
+}
+
+int64_t SessionState::turn(Engine& engine, int64_t epoch, const int32_t* tokens, size_t count,
+                           const int32_t* response, size_t response_count) {
+  // The Python Session.turn: admit with the response's blocks in the capacity check, so the
+  // append after it finds room (the room only shrinks by what the admit took).
+  const int64_t num_hit = admit_reserving(engine, epoch, tokens, count, response_count);
+  append(engine, response, response_count);
+  release(engine, epoch);
+  return num_hit;
+}
+
+int64_t SessionState::admit_reserving(Engine& engine, int64_t epoch, const int32_t* tokens,
+                                      size_t count, size_t reserve) {
   expect_running(false);
   const size_t size = block_size_;
   const int32_t* prompt = joined(tokens, count);
@@ -100,22 +115,24 @@ int64_t SessionState::admit(Engine& engine, int64_t epoch, const int32_t* tokens
     num_looked_up_ += static_cast<int64_t>(num_matchable - base);
   }
   const int64_t needed = static_cast<int64_t>(num_blocks - num_hit);
-  if (needed > engine.num_free()) {  // else no eviction: no need to count the cached hits
+  // What the capacity check covers: the prompt's blocks, and a turn's response beside them.
+  const int64_t wanted = static_cast<int64_t>((num_tokens + reserve + size - 1) / size - num_hit);
+  if (wanted > engine.num_free()) {  // else no eviction: no need to count the cached hits
     // At most the room (see room_beside in pins.py); the exact count only when pinned
     // chains' lengths could make the difference.
     int64_t room = engine.num_free() + engine.num_cached() - static_cast<int64_t>(num_hit);
-    if (needed > room - engine.pin_bound()) {
+    if (wanted > room - engine.pin_bound()) {
       int64_t cached_hits = 0;
       for (size_t i = 0; i < num_hit; ++i) {
         cached_hits += engine.active_refs(hit[i]) == 0 && engine.paused_refs(hit[i]) == 0;
       }
       room = engine.num_free() + engine.num_cached() - cached_hits;
-      if (engine.pin_bound() && needed > room - engine.pin_bound()) {
+      if (engine.pin_bound() && wanted > room - engine.pin_bound()) {
         room = engine.reclaimable(hit, num_hit);
       }
     }
-    if (needed > room) {
-      refuse(ErrorKind::kCapacity, "the turn needs " + std::to_string(needed) + " blocks; " +
+    if (wanted > room) {
+      refuse(ErrorKind::kCapacity, "the turn needs " + std::to_string(wanted) + " blocks; " +
                                        std::to_string(room) + " can be freed");
     }
   }

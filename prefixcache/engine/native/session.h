@@ -42,6 +42,10 @@ class SessionState {
   /// served from the cache. Throws EngineError (nothing changed) when a turn runs or the
   /// pool cannot hold the prompt.
   int64_t admit(Engine& engine, int64_t epoch, const int32_t* tokens, size_t count);
+  /// admit(tokens), append(response) (count >= 1 each), release() as one step: the capacity
+  /// check covers both, so a refused turn changes nothing. Returns admit's hits.
+  int64_t turn(Engine& engine, int64_t epoch, const int32_t* tokens, size_t count,
+               const int32_t* response, size_t response_count);
   /// Add decoded tokens (count >= 1) to the running turn; blocks that fill are registered.
   void append(Engine& engine, const int32_t* tokens, size_t count);
   /// End the running turn: drop its references; remember the structure key.
@@ -60,6 +64,8 @@ class SessionState {
   /// Tokens hashed and hashes looked up so far (what a turn's cost follows).
   int64_t num_hashed_tokens() const noexcept { return num_hashed_tokens_; }
   int64_t num_looked_up() const noexcept { return num_looked_up_; }
+  /// Scratch for turn's response while its prompt is read (the binding fills it).
+  std::vector<int32_t>& reply() noexcept { return reply_; }
 
  private:
   static StructureKey key_of(const Engine& engine, int64_t epoch) noexcept {
@@ -79,6 +85,9 @@ class SessionState {
   /// Register ``count`` blocks of the row from ``first`` (chain positions ``first..``).
   void register_run(Engine& engine, size_t first, size_t count, const int64_t* hashes);
   void grow(size_t num_blocks);
+  /// admit's body; ``reserve`` tokens more must fit beside the prompt (turn's response).
+  int64_t admit_reserving(Engine& engine, int64_t epoch, const int32_t* tokens, size_t count,
+                          size_t reserve);
 
   const size_t block_size_;
   const uint64_t root_;
@@ -94,7 +103,7 @@ class SessionState {
   bool refused_ = false;  // a registration of this turn was refused (hash held elsewhere)
   int64_t num_hashed_tokens_ = 0, num_looked_up_ = 0;
   // Scratch, reused across turns.
-  std::vector<int32_t> prompt_, context_;
+  std::vector<int32_t> prompt_, context_, reply_;
   std::vector<int64_t> new_hashes_, query_;
   std::vector<uint8_t> flags_;
 };
