@@ -1,0 +1,298 @@
+// HazardHashes: hazard's two maps keyed by block hash in one table: the history (evicted
+// hash -> its last stay) and the returned hashes (registered again after eviction -> the
+// uses of its earlier stays), each insertion-ordered, as policies/hazard.py's two
+// LinkedMaps.
+//
+// Why one table: a returning hash moves from the history to the returned map when it is
+// registered again, then out of it when its block is inserted, and back into the history
+// when that block is evicted (on W3, mostly right after: the exposed parent). With two
+// maps each move is an erase in one index and an add in the other, a cache miss each.
+// Here an entry belongs to the history, the returned map, both or (for a moment) neither,
+// by two flags and two pairs of links, so each move is one probe or none:
+// - on_register's move from history to returned is one probe and a flag flip;
+// - take() (an insert) leaves the entry in the index, in neither map (absent for every
+//   lookup: a "limbo" entry; an absent key gets one), and returns its position, which the
+//   caller keeps with the stay; put_history() (the eviction) with that position needs no
+//   probe. At most one limbo entry is kept: the next take() erases the previous one if it
+//   is still in neither map, so the index holds the two maps' entries and at most one more.
+// Each map's size and order are exactly those of its LinkedMap: every operation keeps or
+// sets the place policies/linked_map.py's would. Keys are block hashes, never 0.
+//
+// Layout as linked_map.h's (see there): entries recycled through a free list, an index of
+// 8-byte slots (entry position, 32-bit tag), linear probing, backward-shift deletion,
+// doubled when half full. Not thread-safe.
+#ifndef PREFIXCACHE_ENGINE_NATIVE_POLICIES_HAZARD_HASHES_H_
+#define PREFIXCACHE_ENGINE_NATIVE_POLICIES_HAZARD_HASHES_H_
+
+#include <cstddef>
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace prefixcache {
+
+/// A history record: the uses, last access and class of a hash's last stay.
+struct HazardGhost {
+  int64_t num_uses;
+  int64_t last_access;
+  int klass;
+};
+
+class HazardHashes {
+ public:
+  static constexpr int32_t kNone = -1;
+  static constexpr size_t kMaxReserved = size_t{1} << 18;
+
+  /// What take() found: nothing, a returned hash's uses or a history record.
+  enum class Found { kNone, kReturned, kHistory };
+
+  /// ``bound``: the most entries the table will hold (both maps' capacities and one), whose
+  /// room is reserved now (address space only: pages are touched as entries are used), so
+  /// growing never copies entries; up to kMaxReserved, beyond which it grows by doubling.
+  explicit HazardHashes(size_t bound) {
+    entries_.reserve(bound < kMaxReserved ? bound : kMaxReserved);
+    entries_.resize(16);
+    reset_index(32);
+  }
+
+  size_t history_size() const noexcept { return lists_[kHistory].size; }
+  size_t returned_size() const noexcept { return lists_[kReturned].size; }
+
+  /// Start loading the index slot that a lookup of ``key`` reads first.
+  void prefetch(int64_t key) const noexcept {
+#if defined(__GNUC__)
+    __builtin_prefetch(&slots_[home(tag_of(key))]);
+#else
+    (void)key;
+#endif
+  }
+
+  /// hazard.py's insert: take ``key`` out of the returned map (its uses to ``*uses``), else
+  /// out of the history (its record to ``*ghost``). The entry stays indexed, in neither map,
+  /// and when ``keep`` an absent key is indexed so, too; its position (or kNone) is the
+  /// result, for put_history() (the eviction that mostly follows).
+  int32_t take(int64_t key, bool keep, int64_t* uses, HazardGhost* ghost, Found* found) {
+    const Probe probe = find(key);
+    int32_t at = probe.entry;
+    *found = Found::kNone;
+    if (at == kNone) {
+      if (!keep) return kNone;
+      at = add(key, probe.slot);
+    } else {
+      Entry& e = entries_[at];
+      if (e.in & kInReturned) {
+        *uses = e.uses;
+        detach(at, kReturned);
+        *found = Found::kReturned;
+      } else if (e.in & kInHistory) {
+        *ghost = e.ghost;
+        detach(at, kHistory);
+        *found = Found::kHistory;
+      }
+      if (e.in != 0 || at == limbo_) return at;
+    }
+    if (limbo_ != kNone) drop_if_unused(limbo_);
+    limbo_ = at;
+    return at;
+  }
+
+  /// on_register's step: if ``key`` is in the history, take its record to ``*ghost``, put
+  /// ``ghost->num_uses`` for it in the returned map (in place if there, else as the newest)
+  /// and drop the returned map's oldest while it holds more than ``capacity``; whether it was.
+  bool history_to_returned(int64_t key, HazardGhost* ghost, size_t capacity) {
+    const int32_t at = find(key).entry;
+    if (at == kNone || !(entries_[at].in & kInHistory)) return false;
+    Entry& e = entries_[at];
+    *ghost = e.ghost;
+    detach(at, kHistory);
+    e.uses = ghost->num_uses;
+    if (!(e.in & kInReturned)) link_last(at, kReturned);
+    if (lists_[kReturned].size > capacity) pop_oldest(kReturned);
+    return true;
+  }
+
+  /// forget's step: ``key`` -> ``ghost`` in the history (in place if there, else as the
+  /// newest), then drop the history's oldest while it holds more than ``capacity``.
+  /// ``hint``: the position take() gave for ``key``, or kNone; checked, never trusted.
+  void put_history(int64_t key, const HazardGhost& ghost, int32_t hint, size_t capacity) {
+    int32_t at = hint;
+    if (at == kNone || static_cast<size_t>(at) >= entries_.size() || entries_[at].key != key) {
+      const Probe probe = find(key);
+      at = probe.entry == kNone ? add(key, probe.slot) : probe.entry;
+    }
+    Entry& e = entries_[at];
+    e.ghost = ghost;
+    if (!(e.in & kInHistory)) link_last(at, kHistory);
+    if (at == limbo_) limbo_ = kNone;
+    if (lists_[kHistory].size > capacity) pop_oldest(kHistory);
+  }
+
+  void clear() noexcept {
+    for (Slot& slot : slots_) slot = Slot{0, kNone};
+    for (int32_t at = 0; static_cast<size_t>(at) < used_; ++at) entries_[at].key = 0;
+    indexed_ = used_ = 0;
+    free_ = limbo_ = kNone;
+    for (List& list : lists_) list = List{};
+  }
+
+  size_t memory_bytes() const noexcept {
+    return slots_.capacity() * sizeof(Slot) + entries_.capacity() * sizeof(Entry);
+  }
+
+ private:
+  enum { kHistory = 0, kReturned = 1 };
+  static constexpr uint8_t kInHistory = 1, kInReturned = 2;
+
+  struct Slot {
+    uint32_t tag;   // high half of the key's multiplicative hash; its high bits: home
+    int32_t entry;  // position in entries_, or kNone: empty
+  };
+  struct Entry {
+    int64_t key;  // 0: not indexed (free)
+    HazardGhost ghost;  // while in the history
+    int64_t uses;       // while in the returned map
+    int32_t prev[2], next[2];  // order in each map; next[kHistory]: the free list's link
+    uint8_t in;                // kInHistory | kInReturned
+  };
+  struct List {
+    int32_t first = kNone, last = kNone;
+    size_t size = 0;
+  };
+  struct Probe {
+    int32_t entry;  // the key's entry, or kNone
+    size_t slot;    // its slot, or the empty slot where it would go
+  };
+
+  static uint32_t tag_of(int64_t key) noexcept {
+    return static_cast<uint32_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> 32);
+  }
+  size_t home(uint32_t tag) const noexcept { return static_cast<size_t>(tag >> tag_shift_); }
+
+  Probe find(int64_t key) const noexcept {
+    const uint32_t tag = tag_of(key);
+    for (size_t slot = home(tag);; slot = (slot + 1) & mask_) {
+      const Slot s = slots_[slot];
+      if (s.entry == kNone) return Probe{kNone, slot};
+      if (s.tag == tag && entries_[static_cast<size_t>(s.entry)].key == key) {
+        return Probe{s.entry, slot};
+      }
+    }
+  }
+
+  size_t slot_of(int32_t at) const noexcept {
+    size_t slot = home(tag_of(entries_[at].key));
+    while (slots_[slot].entry != at) slot = (slot + 1) & mask_;
+    return slot;
+  }
+
+  // Index the absent ``key`` in neither map; ``slot``: the empty slot find() gave.
+  int32_t add(int64_t key, size_t slot) {
+    if (2 * (indexed_ + 1) > slots_.size()) {
+      grow();
+      slot = find(key).slot;
+    }
+    int32_t at;
+    if (free_ != kNone) {
+      at = free_;
+      free_ = entries_[at].next[kHistory];
+    } else {
+      at = static_cast<int32_t>(used_++);
+      if (used_ > entries_.size()) {  // within the reserved room while it lasts
+        const size_t room = entries_.capacity();
+        entries_.resize(used_ <= room ? std::min(2 * used_, room) : 2 * used_);
+      }
+    }
+    Entry& e = entries_[at];
+    e.key = key;
+    e.in = 0;
+    slots_[slot] = Slot{tag_of(key), at};
+    ++indexed_;
+    return at;
+  }
+
+  void link_last(int32_t at, int which) noexcept {
+    Entry& e = entries_[at];
+    List& list = lists_[which];
+    e.prev[which] = list.last;
+    e.next[which] = kNone;
+    (list.last == kNone ? list.first : entries_[list.last].next[which]) = at;
+    list.last = at;
+    e.in |= static_cast<uint8_t>(1 << which);
+    ++list.size;
+  }
+
+  void detach(int32_t at, int which) noexcept {
+    Entry& e = entries_[at];
+    List& list = lists_[which];
+    (e.prev[which] == kNone ? list.first : entries_[e.prev[which]].next[which]) = e.next[which];
+    (e.next[which] == kNone ? list.last : entries_[e.next[which]].prev[which]) = e.prev[which];
+    e.in &= static_cast<uint8_t>(~(1 << which));
+    --list.size;
+  }
+
+  void pop_oldest(int which) noexcept {
+    const int32_t at = lists_[which].first;
+    detach(at, which);
+    drop_if_unused(at);
+  }
+
+  // Erase the entry at ``at`` from the index if it is in neither map.
+  void drop_if_unused(int32_t at) noexcept {
+    if (entries_[at].in != 0 || entries_[at].key == 0) return;
+    if (at == limbo_) limbo_ = kNone;
+    erase(at, slot_of(at));
+  }
+
+  // Remove ``at``, found at index ``slot``: backward-shift the probe run after it into the
+  // hole where a slot's home does not lie cyclically in (hole, current].
+  void erase(int32_t at, size_t slot) noexcept {
+    size_t hole = slot;
+    for (size_t next = (hole + 1) & mask_; slots_[next].entry != kNone; next = (next + 1) & mask_) {
+      const size_t want = home(slots_[next].tag);
+      const bool stays = hole <= next ? (hole < want && want <= next) : (hole < want || want <= next);
+      if (!stays) {
+        slots_[hole] = slots_[next];
+        hole = next;
+      }
+    }
+    slots_[hole].entry = kNone;
+    --indexed_;
+    entries_[at].key = 0;
+    entries_[at].next[kHistory] = free_;
+    free_ = at;
+  }
+
+  void reset_index(size_t capacity) {
+    slots_.assign(capacity, Slot{0, kNone});
+    mask_ = capacity - 1;
+    unsigned bits = 0;
+    while ((size_t{1} << bits) < capacity) ++bits;
+    tag_shift_ = 32 - bits;  // capacity <= 2**32
+  }
+
+  void grow() {
+    std::vector<Slot> old;
+    old.swap(slots_);
+    reset_index(2 * old.size());
+    for (const Slot& s : old) {
+      if (s.entry == kNone) continue;
+      size_t slot = home(s.tag);
+      while (slots_[slot].entry != kNone) slot = (slot + 1) & mask_;
+      slots_[slot] = s;
+    }
+  }
+
+  std::vector<Slot> slots_;
+  std::vector<Entry> entries_;  // entries_[used_:] unused since construction or clear()
+  size_t mask_ = 0;
+  unsigned tag_shift_ = 28;
+  size_t indexed_ = 0;  // entries in the index: both maps' and the limbo entry
+  size_t used_ = 0;     // entries_ ever used since construction or clear()
+  int32_t free_ = kNone;
+  int32_t limbo_ = kNone;  // the entry the last take() left in neither map, or kNone
+  List lists_[2];          // [kHistory], [kReturned]: oldest first
+};
+
+}  // namespace prefixcache
+
+#endif  // PREFIXCACHE_ENGINE_NATIVE_POLICIES_HAZARD_HASHES_H_
