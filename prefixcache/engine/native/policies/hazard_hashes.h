@@ -18,9 +18,8 @@
 // Each map's size and order are exactly those of its LinkedMap: every operation keeps or
 // sets the place policies/linked_map.py's would. Keys are block hashes, never 0.
 //
-// Layout as linked_map.h's (see there): entries recycled through a free list, an index of
-// 8-byte slots (entry position, 32-bit tag), linear probing, backward-shift deletion,
-// doubled when half full. Not thread-safe.
+// Layout as linked_map.h's (see there): entries recycled through a free list, the index
+// hash_slots.h's, doubled when half full. Not thread-safe.
 #ifndef PREFIXCACHE_ENGINE_NATIVE_POLICIES_HAZARD_HASHES_H_
 #define PREFIXCACHE_ENGINE_NATIVE_POLICIES_HAZARD_HASHES_H_
 
@@ -28,6 +27,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "hash_slots.h"
 
 namespace prefixcache {
 
@@ -40,7 +41,7 @@ struct HazardGhost {
 
 class HazardHashes {
  public:
-  static constexpr int32_t kNone = -1;
+  static constexpr int32_t kNone = HashSlots::kNone;
   static constexpr size_t kMaxReserved = size_t{1} << 18;
 
   /// What take() found: nothing, a returned hash's uses or a history record.
@@ -49,23 +50,16 @@ class HazardHashes {
   /// ``bound``: the most entries the table will hold (both maps' capacities and one), whose
   /// room is reserved now (address space only: pages are touched as entries are used), so
   /// growing never copies entries; up to kMaxReserved, beyond which it grows by doubling.
-  explicit HazardHashes(size_t bound) {
+  explicit HazardHashes(size_t bound) : slots_(32) {
     entries_.reserve(bound < kMaxReserved ? bound : kMaxReserved);
     entries_.resize(16);
-    reset_index(32);
   }
 
   size_t history_size() const noexcept { return lists_[kHistory].size; }
   size_t returned_size() const noexcept { return lists_[kReturned].size; }
 
   /// Start loading the index slot that a lookup of ``key`` reads first.
-  void prefetch(int64_t key) const noexcept {
-#if defined(__GNUC__)
-    __builtin_prefetch(&slots_[home(tag_of(key))]);
-#else
-    (void)key;
-#endif
-  }
+  void prefetch(int64_t key) const noexcept { slots_.prefetch(key); }
 
   /// hazard.py's insert: take ``key`` out of the returned map (its uses to ``*uses``), else
   /// out of the history (its record to ``*ghost``). The entry stays indexed, in neither map,
@@ -128,7 +122,7 @@ class HazardHashes {
   }
 
   void clear() noexcept {
-    for (Slot& slot : slots_) slot = Slot{0, kNone};
+    slots_.clear();
     for (int32_t at = 0; static_cast<size_t>(at) < used_; ++at) entries_[at].key = 0;
     indexed_ = used_ = 0;
     free_ = limbo_ = kNone;
@@ -136,17 +130,15 @@ class HazardHashes {
   }
 
   size_t memory_bytes() const noexcept {
-    return slots_.capacity() * sizeof(Slot) + entries_.capacity() * sizeof(Entry);
+    return slots_.memory_bytes() + entries_.capacity() * sizeof(Entry);
   }
 
  private:
   enum { kHistory = 0, kReturned = 1 };
   static constexpr uint8_t kInHistory = 1, kInReturned = 2;
 
-  struct Slot {
-    uint32_t tag;   // high half of the key's multiplicative hash; its high bits: home
-    int32_t entry;  // position in entries_, or kNone: empty
-  };
+  using Probe = HashSlots::Probe;
+
   struct Entry {
     int64_t key;  // 0: not indexed (free)
     HazardGhost ghost;  // while in the history
@@ -158,37 +150,15 @@ class HazardHashes {
     int32_t first = kNone, last = kNone;
     size_t size = 0;
   };
-  struct Probe {
-    int32_t entry;  // the key's entry, or kNone
-    size_t slot;    // its slot, or the empty slot where it would go
-  };
-
-  static uint32_t tag_of(int64_t key) noexcept {
-    return static_cast<uint32_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> 32);
-  }
-  size_t home(uint32_t tag) const noexcept { return static_cast<size_t>(tag >> tag_shift_); }
 
   Probe find(int64_t key) const noexcept {
-    const uint32_t tag = tag_of(key);
-    for (size_t slot = home(tag);; slot = (slot + 1) & mask_) {
-      const Slot s = slots_[slot];
-      if (s.entry == kNone) return Probe{kNone, slot};
-      if (s.tag == tag && entries_[static_cast<size_t>(s.entry)].key == key) {
-        return Probe{s.entry, slot};
-      }
-    }
-  }
-
-  size_t slot_of(int32_t at) const noexcept {
-    size_t slot = home(tag_of(entries_[at].key));
-    while (slots_[slot].entry != at) slot = (slot + 1) & mask_;
-    return slot;
+    return slots_.find(key, [this](int32_t at) { return entries_[static_cast<size_t>(at)].key; });
   }
 
   // Index the absent ``key`` in neither map; ``slot``: the empty slot find() gave.
   int32_t add(int64_t key, size_t slot) {
     if (2 * (indexed_ + 1) > slots_.size()) {
-      grow();
+      slots_.grow();
       slot = find(key).slot;
     }
     int32_t at;
@@ -205,7 +175,7 @@ class HazardHashes {
     Entry& e = entries_[at];
     e.key = key;
     e.in = 0;
-    slots_[slot] = Slot{tag_of(key), at};
+    slots_.set(slot, key, at);
     ++indexed_;
     return at;
   }
@@ -240,52 +210,15 @@ class HazardHashes {
   void drop_if_unused(int32_t at) noexcept {
     if (entries_[at].in != 0 || entries_[at].key == 0) return;
     if (at == limbo_) limbo_ = kNone;
-    erase(at, slot_of(at));
-  }
-
-  // Remove ``at``, found at index ``slot``: backward-shift the probe run after it into the
-  // hole where a slot's home does not lie cyclically in (hole, current].
-  void erase(int32_t at, size_t slot) noexcept {
-    size_t hole = slot;
-    for (size_t next = (hole + 1) & mask_; slots_[next].entry != kNone; next = (next + 1) & mask_) {
-      const size_t want = home(slots_[next].tag);
-      const bool stays = hole <= next ? (hole < want && want <= next) : (hole < want || want <= next);
-      if (!stays) {
-        slots_[hole] = slots_[next];
-        hole = next;
-      }
-    }
-    slots_[hole].entry = kNone;
+    slots_.erase(slots_.slot_of(entries_[at].key, at));
     --indexed_;
     entries_[at].key = 0;
     entries_[at].next[kHistory] = free_;
     free_ = at;
   }
 
-  void reset_index(size_t capacity) {
-    slots_.assign(capacity, Slot{0, kNone});
-    mask_ = capacity - 1;
-    unsigned bits = 0;
-    while ((size_t{1} << bits) < capacity) ++bits;
-    tag_shift_ = 32 - bits;  // capacity <= 2**32
-  }
-
-  void grow() {
-    std::vector<Slot> old;
-    old.swap(slots_);
-    reset_index(2 * old.size());
-    for (const Slot& s : old) {
-      if (s.entry == kNone) continue;
-      size_t slot = home(s.tag);
-      while (slots_[slot].entry != kNone) slot = (slot + 1) & mask_;
-      slots_[slot] = s;
-    }
-  }
-
-  std::vector<Slot> slots_;
+  HashSlots slots_;
   std::vector<Entry> entries_;  // entries_[used_:] unused since construction or clear()
-  size_t mask_ = 0;
-  unsigned tag_shift_ = 28;
   size_t indexed_ = 0;  // entries in the index: both maps' and the limbo entry
   size_t used_ = 0;     // entries_ ever used since construction or clear()
   int32_t free_ = kNone;
