@@ -24,7 +24,6 @@
 #define PREFIXCACHE_ENGINE_NATIVE_POLICIES_HAZARD_HASHES_H_
 
 #include <cstddef>
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -52,7 +51,6 @@ class HazardHashes {
   /// growing never copies entries; up to kMaxReserved, beyond which it grows by doubling.
   explicit HazardHashes(size_t bound) : slots_(32) {
     entries_.reserve(bound < kMaxReserved ? bound : kMaxReserved);
-    entries_.resize(16);
   }
 
   size_t history_size() const noexcept { return lists_[kHistory].size; }
@@ -123,8 +121,8 @@ class HazardHashes {
 
   void clear() noexcept {
     slots_.clear();
-    for (int32_t at = 0; static_cast<size_t>(at) < used_; ++at) entries_[at].key = 0;
-    indexed_ = used_ = 0;
+    entries_.clear();  // keeps the room
+    indexed_ = 0;
     free_ = limbo_ = kNone;
     for (List& list : lists_) list = List{};
   }
@@ -166,11 +164,8 @@ class HazardHashes {
       at = free_;
       free_ = entries_[at].next[kHistory];
     } else {
-      at = static_cast<int32_t>(used_++);
-      if (used_ > entries_.size()) {  // within the reserved room while it lasts
-        const size_t room = entries_.capacity();
-        entries_.resize(used_ <= room ? std::min(2 * used_, room) : 2 * used_);
-      }
+      at = static_cast<int32_t>(entries_.size());
+      entries_.emplace_back();  // within the reserved room while it lasts
     }
     Entry& e = entries_[at];
     e.key = key;
@@ -218,9 +213,8 @@ class HazardHashes {
   }
 
   HashSlots slots_;
-  std::vector<Entry> entries_;  // entries_[used_:] unused since construction or clear()
-  size_t indexed_ = 0;  // entries in the index: both maps' and the limbo entry
-  size_t used_ = 0;     // entries_ ever used since construction or clear()
+  std::vector<Entry> entries_;  // every entry used since construction or clear()
+  size_t indexed_ = 0;          // entries in the index: both maps' and the limbo entry
   int32_t free_ = kNone;
   int32_t limbo_ = kNone;  // the entry the last take() left in neither map, or kNone
   List lists_[2];          // [kHistory], [kReturned]: oldest first
