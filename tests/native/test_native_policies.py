@@ -58,6 +58,7 @@ OPTIONS: dict[str, list[dict[str, float | None]]] = {
         {"history_capacity": 2, "half_life": 1},
         {"history_capacity": 0, "age_smoothing": 1.0, "window": 0.5},
         {"half_life": 3, "prior_weight": 0.5},
+        {"history_capacity": 5, "half_life": 40},  # both maps full, hashes moving between
     ],
     "lfu": [{}, {"frequency_weight": 0.3}, {"frequency_weight": 2.5}],
     "lru": [{}],

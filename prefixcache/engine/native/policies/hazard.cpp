@@ -18,9 +18,9 @@
 
 #include "factories.h"
 #include "hazard_bins.h"
+#include "hazard_hashes.h"
 #include "hazard_heaps.h"
 #include "hazard_learning.h"
-#include "linked_map.h"
 
 namespace prefixcache {
 
@@ -64,12 +64,7 @@ struct Stay {
   int64_t depth = 0;
   int64_t last_access = 0;
   int klass = 0;
-};
-
-struct Ghost {
-  int64_t num_uses;
-  int64_t last_access;
-  int klass;
+  int32_t entry = HazardHashes::kNone;  // its hash's place in hashes_ (a hint for forget)
 };
 
 class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
@@ -82,8 +77,7 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
         smoothing_(smoothing),
         heaps_(static_cast<size_t>(num_blocks)),
         stays_(static_cast<size_t>(num_blocks)),
-        history_(16),  // grows with use: a table sized for its content stays in cache
-        returned_(16),
+        hashes_(2 * static_cast<size_t>(std::min<int64_t>(history_capacity, int64_t{1} << 30)) + 1),
         learning_(std::pow(0.5, static_cast<double>(Learning::kRefreshEvents) /
                                     static_cast<double>(half_life)),
                    prior_weight, window) {
@@ -92,10 +86,8 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
 
   void insert(int32_t block_id, const LeafInfo& leaf) override {
     settle();
-    // Both maps are probed below unless the stay is live, and the history again when the
-    // leaf is the next victim (most are: a victim's exposed parent): start loading both.
-    history_.prefetch(leaf.block_hash);
-    returned_.prefetch(leaf.block_hash);
+    // The maps are probed below unless the stay is live: start loading the index.
+    hashes_.prefetch(leaf.block_hash);
     now_ = std::max(now_, leaf.last_access);
     Stay& stay = stays_[block_id];
     if (stay.live && stay.block_hash == leaf.block_hash &&
@@ -111,17 +103,21 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
       stay.last_access = leaf.last_access;
     } else {
       int64_t num_uses = leaf.num_accesses;
-      int64_t earlier_uses;
-      Ghost seen;
-      if (returned_.take(leaf.block_hash, &earlier_uses)) {
+      int64_t earlier_uses = 0;
+      HazardGhost seen;
+      HazardHashes::Found found;
+      // Left in the table (in neither map) for forget(), which mostly follows.
+      const int32_t entry = hashes_.take(leaf.block_hash, history_capacity_ > 0, &earlier_uses,
+                                         &seen, &found);
+      if (found == HazardHashes::Found::kReturned) {
         num_uses += earlier_uses;  // its reuse was recorded at registration
-      } else if (history_.take(leaf.block_hash, &seen)) {
+      } else if (found == HazardHashes::Found::kHistory) {
         learning_.record_reuse(seen.klass, leaf.last_access - seen.last_access);
         num_uses += seen.num_uses;
       }
       const int klass = class_of(num_uses, leaf.depth);
-      stay = Stay{true, leaf.block_hash, leaf.num_accesses, num_uses, leaf.depth,
-                  leaf.last_access, klass};
+      stay = Stay{true,          leaf.block_hash, leaf.num_accesses, num_uses, leaf.depth,
+                  leaf.last_access, klass,        entry};
       learning_.enter(klass);
     }
     pending_ = block_id;  // the heap insert waits: the next eviction most likely takes it
@@ -129,14 +125,13 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
 
   void on_register(const int64_t* hashes, size_t count, int64_t) override {
     constexpr size_t kAhead = 8;  // history lookups started before they are needed
-    for (size_t i = 0; i < std::min(count, kAhead); ++i) history_.prefetch(hashes[i]);
+    for (size_t i = 0; i < std::min(count, kAhead); ++i) hashes_.prefetch(hashes[i]);
+    const size_t capacity = static_cast<size_t>(history_capacity_);
     for (size_t i = 0; i < count; ++i) {
-      if (i + kAhead < count) history_.prefetch(hashes[i + kAhead]);
-      Ghost seen;
-      if (!history_.take(hashes[i], &seen)) continue;
+      if (i + kAhead < count) hashes_.prefetch(hashes[i + kAhead]);
+      HazardGhost seen;
+      if (!hashes_.history_to_returned(hashes[i], &seen, capacity)) continue;
       learning_.record_reuse(seen.klass, now_ - seen.last_access);
-      returned_.put(hashes[i], seen.num_uses);
-      if (static_cast<int64_t>(returned_.size()) > history_capacity_) returned_.pop_oldest();
     }
   }
 
@@ -207,8 +202,7 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
     pending_ = kNoBlock;
     heaps_.clear();
     std::fill(stays_.begin(), stays_.end(), Stay{});
-    history_.clear();
-    returned_.clear();
+    hashes_.clear();
     learning_.clear();
     now_ = 0;
   }
@@ -218,8 +212,8 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
     return block_id == pending_ || heaps_.contains(block_id);
   }
   size_t memory_bytes() const noexcept override {
-    return heaps_.memory_bytes() + stays_.capacity() * sizeof(Stay) + history_.memory_bytes() +
-           returned_.memory_bytes() + sizeof(*this);
+    return heaps_.memory_bytes() + stays_.capacity() * sizeof(Stay) + hashes_.memory_bytes() +
+           sizeof(*this);
   }
 
  private:
@@ -237,8 +231,8 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
     Stay& stay = stays_[block_id];
     stay.live = false;
     if (history_capacity_ > 0) {
-      history_.put(stay.block_hash, Ghost{stay.num_uses, stay.last_access, stay.klass});
-      if (static_cast<int64_t>(history_.size()) > history_capacity_) history_.pop_oldest();
+      hashes_.put_history(stay.block_hash, HazardGhost{stay.num_uses, stay.last_access, stay.klass},
+                          stay.entry, static_cast<size_t>(history_capacity_));
     }
     learning_.evicted(now_ - stay.last_access, smoothing_);
   }
@@ -247,8 +241,9 @@ class HazardPolicy final : public CopyablePolicy<HazardPolicy> {
   const double smoothing_;
   HazardClassHeaps<kNumClasses> heaps_;
   std::vector<Stay> stays_;     // by block ID: tracked, or out for a hit
-  LinkedMap<Ghost> history_;    // evicted hash -> its last stay, oldest first
-  LinkedMap<int64_t> returned_;  // hash registered again -> uses of earlier stays
+  // Evicted hash -> its last stay, and hash registered again -> uses of earlier stays;
+  // each oldest first.
+  HazardHashes hashes_;
   Learning learning_;
   int64_t now_ = 0;  // the largest clock value seen
   // The last leaf inserted, tracked but kept out of the heaps until another call needs them

@@ -10,11 +10,8 @@
 // entry (key, links, value) is one struct, so finding, unlinking or relinking one touches
 // one line; freed entries are reused last freed first through an intrusive free list: a
 // bounded map frees its oldest as it adds its newest, so its entries cycle like a ring. The
-// index is open addressing (linear probing, backward-shift deletion, load <= 1/2, doubled
-// when half full) of 8-byte slots: the entry's position and a 32-bit tag, the high half of
-// the key's multiplicative hash. A probe reads an entry's key only when the tag matches, so
-// a miss reads the index alone; the home slot is the tag's high bits, so deletion and
-// growth move slots without reading any entry.
+// index is hash_slots.h's (8-byte slots, a miss reads the index alone), doubled when half
+// full.
 #ifndef PREFIXCACHE_ENGINE_NATIVE_POLICIES_LINKED_MAP_H_
 #define PREFIXCACHE_ENGINE_NATIVE_POLICIES_LINKED_MAP_H_
 
@@ -23,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "hash_slots.h"
+
 namespace prefixcache {
 
 template <typename V>
@@ -30,24 +29,15 @@ class LinkedMap {
  public:
   /// Room for ``expected`` entries, allocated and touched now: a bounded map fills up to
   /// its bound without reallocating or faulting pages in on the way.
-  explicit LinkedMap(size_t expected = 16) : entries_(expected) {
-    size_t capacity = 16;
-    while (capacity < 2 * expected) capacity <<= 1;
-    reset_index(capacity);
-  }
+  explicit LinkedMap(size_t expected = 16)
+      : slots_(index_capacity(expected)), entries_(expected) {}
 
   size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
   bool contains(int64_t key) const noexcept { return find(key).entry >= 0; }
 
   /// Start loading the index slot that a lookup of ``key`` reads first.
-  void prefetch(int64_t key) const noexcept {
-#if defined(__GNUC__)
-    __builtin_prefetch(&slots_[home(tag_of(key))]);
-#else
-    (void)key;
-#endif
-  }
+  void prefetch(int64_t key) const noexcept { slots_.prefetch(key); }
 
   /// The value of ``key``, or nullptr.
   V* get(int64_t key) noexcept {
@@ -117,14 +107,12 @@ class LinkedMap {
   int64_t pop_oldest() noexcept {
     const int32_t entry = first_;
     const int64_t key = entries_[entry].key;
-    size_t slot = home(tag_of(key));
-    while (slots_[slot].entry != entry) slot = (slot + 1) & mask_;
-    unlink(entry, slot);
+    unlink(entry, slots_.slot_of(key, entry));
     return key;
   }
 
   void clear() noexcept {
-    for (Slot& slot : slots_) slot = Slot{0, kNone};
+    slots_.clear();
     size_ = used_ = 0;
     first_ = last_ = free_ = kNone;
   }
@@ -138,46 +126,32 @@ class LinkedMap {
   }
 
   size_t memory_bytes() const noexcept {
-    return slots_.capacity() * sizeof(Slot) + entries_.capacity() * sizeof(Entry);
+    return slots_.memory_bytes() + entries_.capacity() * sizeof(Entry);
   }
 
  private:
-  static constexpr int32_t kNone = -1;
+  static constexpr int32_t kNone = HashSlots::kNone;
+  using Probe = HashSlots::Probe;
 
-  struct Slot {
-    uint32_t tag;   // high half of the key's multiplicative hash; its high bits: home
-    int32_t entry;  // position in entries_, or kNone: empty
-  };
   struct Entry {
     int64_t key;
     int32_t prev, next;  // insertion order; next: the free list's link while free
     V value;
   };
-  struct Probe {
-    int32_t entry;  // the key's entry, or kNone
-    size_t slot;    // its slot, or the empty slot where it would go
-  };
-
-  static uint32_t tag_of(int64_t key) noexcept {
-    return static_cast<uint32_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> 32);
+  static size_t index_capacity(size_t expected) noexcept {
+    size_t capacity = 16;
+    while (capacity < 2 * expected) capacity <<= 1;
+    return capacity;
   }
-  size_t home(uint32_t tag) const noexcept { return static_cast<size_t>(tag >> tag_shift_); }
 
   Probe find(int64_t key) const noexcept {
-    const uint32_t tag = tag_of(key);
-    for (size_t slot = home(tag);; slot = (slot + 1) & mask_) {
-      const Slot s = slots_[slot];
-      if (s.entry == kNone) return Probe{kNone, slot};
-      if (s.tag == tag && entries_[static_cast<size_t>(s.entry)].key == key) {
-        return Probe{s.entry, slot};
-      }
-    }
+    return slots_.find(key, [this](int32_t at) { return entries_[static_cast<size_t>(at)].key; });
   }
 
   // Add the absent ``key`` as the newest entry; ``slot``: the empty slot find() gave.
   void add(int64_t key, V value, size_t slot) {
     if (2 * (size_ + 1) > slots_.size()) {
-      grow();
+      slots_.grow();
       slot = find(key).slot;
     }
     int32_t entry;
@@ -192,7 +166,7 @@ class LinkedMap {
     e.key = key;
     e.value = std::move(value);
     link_last(entry);
-    slots_[slot] = Slot{tag_of(key), entry};
+    slots_.set(slot, key, entry);
     ++size_;
   }
 
@@ -216,49 +190,17 @@ class LinkedMap {
     link_last(entry);
   }
 
-  // Remove ``entry``, found at index ``slot``: backward-shift the probe run after it into
-  // the hole where a slot's home does not lie cyclically in (hole, current].
+  // Remove ``entry``, found at index ``slot``.
   void unlink(int32_t entry, size_t slot) noexcept {
-    size_t hole = slot;
-    for (size_t next = (hole + 1) & mask_; slots_[next].entry != kNone; next = (next + 1) & mask_) {
-      const size_t want = home(slots_[next].tag);
-      const bool stays = hole <= next ? (hole < want && want <= next) : (hole < want || want <= next);
-      if (!stays) {
-        slots_[hole] = slots_[next];
-        hole = next;
-      }
-    }
-    slots_[hole].entry = kNone;
+    slots_.erase(slot);
     --size_;
     detach(entry);
     entries_[entry].next = free_;
     free_ = entry;
   }
 
-  void reset_index(size_t capacity) {
-    slots_.assign(capacity, Slot{0, kNone});
-    mask_ = capacity - 1;
-    unsigned bits = 0;
-    while ((size_t{1} << bits) < capacity) ++bits;
-    tag_shift_ = 32 - bits;  // capacity <= 2**32
-  }
-
-  void grow() {
-    std::vector<Slot> old;
-    old.swap(slots_);
-    reset_index(2 * old.size());
-    for (const Slot& s : old) {
-      if (s.entry == kNone) continue;
-      size_t slot = home(s.tag);
-      while (slots_[slot].entry != kNone) slot = (slot + 1) & mask_;
-      slots_[slot] = s;
-    }
-  }
-
-  std::vector<Slot> slots_;
+  HashSlots slots_;
   std::vector<Entry> entries_;  // entries_[used_:] unused since construction or clear()
-  size_t mask_ = 0;
-  unsigned tag_shift_ = 28;
   size_t size_ = 0;  // entries in the map
   size_t used_ = 0;  // entries_ ever used since construction or clear()
   int32_t first_ = kNone, last_ = kNone, free_ = kNone;
