@@ -5,7 +5,7 @@ vLLM 0.33 keeps its free KV-cache blocks in one queue (``FreeKVCacheBlockQueue``
 are put in front, cached blocks are appended in the order requests free them, so the
 order is LRU because callers free a request's blocks in reverse. :func:`install` puts a
 :class:`PolicyFreeBlockQueue` with the same interface where ``vllm.v1.core.block_pool``
-looks the queue up, and wraps five ``BlockPool`` methods to learn what the queue cannot
+looks the queue up, and wraps six ``BlockPool`` methods to learn what the queue cannot
 see. No vLLM file changes; :func:`uninstall` puts everything back.
 
 What maps to what (DESIGN.md, "vLLM integration"):
@@ -40,7 +40,10 @@ call per vLLM call, the same blocks handed out), unless the extension is not bui
 other policy, or a policy class or factory, runs its Python object in the Python queue.
 ``touch``, ``cache_full_blocks`` and ``_remove_cached_block_hashes`` (which vLLM calls per
 block) are wrapped by C method descriptors (``_native.BlockPoolHook``) that do the
-wrapper's work in C for the native queue, counting the metrics there until they are read.
+wrapper's work in C for the native queue, counting the metrics there until they are read;
+for that queue ``get_new_blocks`` runs vLLM's steps in C too (vLLM's own
+``_remove_cached_block_hashes`` called directly per block: no frame of vLLM's
+``_maybe_evict_cached_block`` or of a hook per block).
 
 Scheduler queue hints (:mod:`.vllm_hints`, off by default: ``queue_hints`` /
 ``PREFIXCACHE_VLLM_QUEUE_HINTS``): after each ``Scheduler.schedule`` the free cached blocks

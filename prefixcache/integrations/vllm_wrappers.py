@@ -7,6 +7,8 @@ its serving path (``touch``, ``cache_full_blocks``, and ``_remove_cached_block_h
 block) stand behind ``_native.BlockPoolHook`` when the extension is built: a C method
 descriptor that does the wrapper's work in C for a pool with the native queue (its counts
 kept in the queue until the metrics are read) and calls the Python wrapper for any other.
+``get_new_blocks`` stands behind one too: for vLLM's own pool with the native queue it runs
+vLLM's steps in C, calling vLLM's ``_remove_cached_block_hashes`` per block directly.
 """
 
 from __future__ import annotations
@@ -99,6 +101,18 @@ def _wrap_remove_hashes(original: Callable[..., Any]) -> Callable[..., Any]:
     return _native_hook("_remove_cached_block_hashes", original, _remove_cached_block_hashes)
 
 
+def _wrap_get_new_blocks(original: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's ``get_new_blocks``; for a pool with the native queue its steps run in C
+    (``engine/native/vllm_get_new_blocks.cpp``: vLLM's ``_remove_cached_block_hashes`` and
+    the hook's work per block, no Python frame between), the same calls and results."""
+
+    def get_new_blocks(self: Any, num_blocks: int) -> list[Any]:
+        return original(self, num_blocks)
+
+    setattr(get_new_blocks, _MARK, original)
+    return _native_hook("get_new_blocks", original, get_new_blocks)
+
+
 def _native_hook(
     method: str, original: Callable[..., Any], wrapper: Callable[..., Any]
 ) -> Callable[..., Any]:
@@ -167,6 +181,7 @@ _WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "touch": _wrap_touch,
     "cache_full_blocks": _wrap_cache_full_blocks,
     "_remove_cached_block_hashes": _wrap_remove_hashes,
+    "get_new_blocks": _wrap_get_new_blocks,
     "move_block_hashes": _wrap_move,
     "reset_prefix_cache": _wrap_reset,
 }

@@ -83,6 +83,35 @@ def test_lru_reproduces_vllms_own_order_exactly() -> None:
         )
 
 
+def evict_with_events(engine: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+    """A workload under lru, then ``get_new_blocks`` of every free block with KV events on."""
+    monkeypatch.setenv("PREFIXCACHE_ENGINE", engine)
+    plugin.install("lru")
+    pool = block_pool.BlockPool(24, True, 16)
+    hits, _ = run_workload(pool, 3, steps=120)
+    queue = pool.free_block_queue
+    native = hasattr(queue, "take_evictions")
+    if native:
+        queue.take_evictions()  # from here on: the evictions of the call below
+    pool.enable_kv_cache_events = True  # the requests' own events would need real requests
+    taken = pool.get_new_blocks(pool.get_num_free_blocks())
+    events = [(type(event).__name__, event.block_hashes) for event in pool.take_events()]
+    evictions = queue.take_evictions() if native else None
+    plugin.uninstall()
+    return hits, [b.block_id for b in taken], [b.ref_cnt for b in taken], events, evictions
+
+
+def test_get_new_blocks_in_c_makes_vllms_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native queue's pool runs get_new_blocks in C (``vllm_get_new_blocks.cpp``): the
+    same blocks, ref counts and BlockRemoved events as vLLM's own over the Python lru queue,
+    and one eviction counted per block that lost its hashes."""
+    native = evict_with_events("auto", monkeypatch)
+    python = evict_with_events("python", monkeypatch)
+    assert native[:4] == python[:4]
+    assert set(native[2]) == {1} and native[3]  # every block held once; some were evicted
+    assert native[4] == len(native[3])  # each victim had one hash: one event, one eviction
+
+
 def hot_prefix_and_scan(pool: Any, rounds: int = 30) -> float:
     """A hot 4-block prefix reused between scans of one-off 3-block prompts."""
     hit = total = 0

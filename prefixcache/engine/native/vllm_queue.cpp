@@ -161,8 +161,11 @@ void IdChain::erase(int32_t id) {
 // ------------------------------------------------------------------ construction
 
 VllmQueueCore::VllmQueueCore(int32_t num_blocks, std::unique_ptr<Policy> policy,
-                             bool on_register)
-    : num_blocks_(num_blocks), policy_(std::move(policy)), on_register_(on_register) {
+                             bool on_register, bool leaf_hash)
+    : num_blocks_(num_blocks),
+      policy_(std::move(policy)),
+      on_register_(on_register),
+      leaf_hash_(leaf_hash) {
   const auto n = static_cast<size_t>(num_blocks);
   blocks_.assign(n, nullptr);
   where_.assign(n, Section::kNone);
@@ -244,6 +247,12 @@ bool VllmQueueCore::leaf_info(int32_t id, PyObject* key, LeafInfo* out) {
 
 // _insert_leaf: a hash-less block (unpinned) is keyed ("unpinned", block_id).
 bool VllmQueueCore::insert_leaf(int32_t id) {
+  if (!leaf_hash_) {  // lru, fifo: the key is never read
+    const int64_t uses = accesses_[id];
+    where_[id] = Section::kLeaf;
+    policy_->insert(id, LeafInfo{0, stamp_[id], uses ? uses : 1, std::max<int64_t>(depth_[id], 0)});
+    return true;
+  }
   PyObject* key = vllm_block::hash_key(blocks_[id]);
   if (!key) return false;
   if (key == Py_None) {

@@ -63,7 +63,10 @@ enum class Section : int8_t { kNone = 0, kFirst = 1, kLeaf = 2, kInner = 3, kHin
 /// Python exception set; errors about the caller's input are raised before any change.
 class VllmQueueCore {
  public:
-  VllmQueueCore(int32_t num_blocks, std::unique_ptr<Policy> policy, bool on_register);
+  /// ``leaf_hash``: the policy reads LeafInfo::hash (false for lru and fifo, which order by
+  /// last access alone: inserting a leaf then reads no block hash and hashes nothing).
+  VllmQueueCore(int32_t num_blocks, std::unique_ptr<Policy> policy, bool on_register,
+                bool leaf_hash = true);
   ~VllmQueueCore();
   VllmQueueCore(const VllmQueueCore&) = delete;
   VllmQueueCore& operator=(const VllmQueueCore&) = delete;
@@ -111,6 +114,7 @@ class VllmQueueCore {
   const int32_t num_blocks_;
   std::unique_ptr<Policy> policy_;
   const bool on_register_;
+  const bool leaf_hash_;
   int64_t num_free_ = 0;
   int64_t clock_ = 0;
   int64_t evictions_ = 0;
@@ -134,6 +138,18 @@ class VllmQueueCore {
 VllmQueueCore* vllm_queue_core(PyObject* object);
 /// Adds ``_native.BlockPoolHook`` (vllm_queue_hooks.cpp); false with an error set.
 bool add_vllm_hook_type(PyObject* module);
+/// The remove-hashes hook's work after vLLM's ``_remove_cached_block_hashes(pool, block)``
+/// returned ``removed``: a block the queue knows forgets its hash, else a victim held by
+/// nobody counts as one eviction (vllm_queue_hooks.cpp); false with an error set.
+bool after_hashes_removed(VllmQueueCore* core, PyObject* block, PyObject* removed);
+/// vLLM's function behind the remove-hashes BlockPoolHook at ``type.<name>`` (borrowed), or
+/// nullptr (no error set) when something else stands there (vllm_queue_hooks.cpp).
+PyObject* hooked_remover(PyTypeObject* type, PyObject* name);
+/// Interns what vllm_get_new_blocks reads (vllm_get_new_blocks.cpp); false with an error set.
+bool get_new_blocks_ready();
+/// ``BlockPool.get_new_blocks(pool, n)`` (``args``: pool, n) for a pool whose queue's core is
+/// ``core``: vLLM 0.33's steps in C, or ``original`` where the pool is not the plain case.
+PyObject* vllm_get_new_blocks(PyObject* original, PyObject* const* args, VllmQueueCore* core);
 
 }  // namespace prefixcache
 

@@ -9,6 +9,9 @@
 // function, then, for a pool whose queue is a ``_native.VllmQueue``, does the wrapper's work
 // in C: one C call per vLLM call, the counts kept in the queue until the metrics take them
 // (``take_counts``). Any other pool, or an unexpected call shape, gets the Python wrapper.
+// A fourth hook, ``get_new_blocks``, runs vLLM 0.33's get_new_blocks in C for such a pool
+// (get_new_blocks.cpp's comment: vLLM's steps, its own _remove_cached_block_hashes called
+// per block, no Python frame of vLLM's _maybe_evict_cached_block or of a hook per block).
 // A method descriptor with vectorcall: calling it costs no Python frame of its own.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,7 +27,7 @@
 namespace prefixcache {
 namespace {
 
-enum class Method : int { kRemoveHashes, kTouch, kCacheFullBlocks };
+enum class Method : int { kRemoveHashes, kTouch, kCacheFullBlocks, kGetNewBlocks };
 
 struct HookObject {
   PyObject_HEAD
@@ -59,20 +62,25 @@ bool guarded_call(Body body) {
   }
 }
 
+}  // namespace
+
+bool after_hashes_removed(VllmQueueCore* core, PyObject* block, PyObject* removed) {
+  long long id;
+  if (!vllm_block::raw_id(block, &id)) return false;
+  if (core->knows(id)) return guarded_call([&] { return core->note_hash_removed(block); });
+  const int truth = PyObject_IsTrue(removed);
+  bool free = false;
+  if (truth < 0 || (truth && !unheld(block, &free))) return false;
+  if (truth && free) core->count_eviction();  // a victim popleft_n handed out
+  return true;
+}
+
+namespace {
+
 /// _remove_cached_block_hashes(pool, block): vLLM's, then forget or count the block.
 PyObject* remove_hashes(HookObject* hook, PyObject* const* args, VllmQueueCore* core) {
   PyObject* removed = PyObject_Vectorcall(hook->original, args, 2, nullptr);
-  long long id;
-  bool ok = removed && vllm_block::raw_id(args[1], &id);
-  if (ok && core->knows(id)) {
-    ok = guarded_call([&] { return core->note_hash_removed(args[1]); });
-  } else if (ok) {
-    const int truth = PyObject_IsTrue(removed);
-    bool free = false;
-    ok = truth >= 0 && (truth == 0 || unheld(args[1], &free));
-    if (ok && truth && free) core->count_eviction();  // a victim popleft_n handed out
-  }
-  if (!ok) Py_CLEAR(removed);
+  if (removed && !after_hashes_removed(core, args[1], removed)) Py_CLEAR(removed);
   return removed;
 }
 
@@ -119,12 +127,15 @@ PyObject* hook_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
   if (!queue) return nullptr;
   VllmQueueCore* core = vllm_queue_core(queue);
   PyObject* result;
-  if (!core) {
-    result = PyObject_Vectorcall(hook->fallback, args, nargsf, kwnames);
+  if (!core) {  // get_new_blocks has no wrapper: vLLM's own
+    PyObject* other = hook->method == Method::kGetNewBlocks ? hook->original : hook->fallback;
+    result = PyObject_Vectorcall(other, args, nargsf, kwnames);
   } else if (hook->method == Method::kRemoveHashes) {
     result = remove_hashes(hook, args, core);
   } else if (hook->method == Method::kTouch) {
     result = touch(hook, args, core);
+  } else if (hook->method == Method::kGetNewBlocks) {
+    result = vllm_get_new_blocks(hook->original, args, core);
   } else {
     result = cache_full_blocks(hook, args, nargsf, kwnames, core);
   }
@@ -147,6 +158,8 @@ PyObject* hook_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     method = Method::kTouch;
   } else if (std::strcmp(name, "cache_full_blocks") == 0) {
     method = Method::kCacheFullBlocks;
+  } else if (std::strcmp(name, "get_new_blocks") == 0) {
+    method = Method::kGetNewBlocks;
   } else {
     return native_raise(ErrorKind::kInvalidArgument,
                         std::string("BlockPoolHook has no method ") + name);
@@ -189,6 +202,13 @@ PyTypeObject g_hook_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 }  // namespace
 
+PyObject* hooked_remover(PyTypeObject* type, PyObject* name) {
+  PyObject* found = _PyType_Lookup(type, name);  // borrowed
+  if (!found || Py_TYPE(found) != &g_hook_type) return nullptr;
+  auto* hook = reinterpret_cast<HookObject*>(found);
+  return hook->method == Method::kRemoveHashes ? hook->original : nullptr;
+}
+
 bool add_vllm_hook_type(PyObject* module) {
   g_hook_type.tp_name = "prefixcache.engine._native.BlockPoolHook";
   g_hook_type.tp_basicsize = sizeof(HookObject);
@@ -196,8 +216,8 @@ bool add_vllm_hook_type(PyObject* module) {
                          Py_TPFLAGS_HAVE_VECTORCALL;
   g_hook_type.tp_doc =
       "BlockPoolHook(method, original, fallback): BlockPool.<method> (touch, "
-      "cache_full_blocks or _remove_cached_block_hashes) for the vLLM plugin, its work in C "
-      "for a pool with a VllmQueue (vllm_queue_hooks.cpp).";
+      "cache_full_blocks, _remove_cached_block_hashes or get_new_blocks) for the vLLM plugin, "
+      "its work in C for a pool with a VllmQueue (vllm_queue_hooks.cpp).";
   g_hook_type.tp_new = hook_new;
   g_hook_type.tp_dealloc = hook_dealloc;
   g_hook_type.tp_traverse = hook_traverse;
@@ -208,7 +228,9 @@ bool add_vllm_hook_type(PyObject* module) {
   if (PyType_Ready(&g_hook_type) < 0) return false;
   g_free_block_queue = PyUnicode_InternFromString("free_block_queue");
   g_ref_cnt = PyUnicode_InternFromString("ref_cnt");
-  if (!g_free_block_queue || !g_ref_cnt || !vllm_block::ready()) return false;
+  if (!g_free_block_queue || !g_ref_cnt || !vllm_block::ready() || !get_new_blocks_ready()) {
+    return false;
+  }
   Py_INCREF(&g_hook_type);
   return PyModule_AddObject(module, "BlockPoolHook", reinterpret_cast<PyObject*>(&g_hook_type)) >= 0;
 }

@@ -9,6 +9,7 @@
 #include <structmember.h>
 
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <new>
 
@@ -61,7 +62,8 @@ int queue_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     return -1;
   }
   try {
-    auto* core = new VllmQueueCore(num_blocks, std::move(policy), on_register != 0);
+    const bool leaf_hash = std::strcmp(name, "lru") != 0 && std::strcmp(name, "fifo") != 0;
+    auto* core = new VllmQueueCore(num_blocks, std::move(policy), on_register != 0, leaf_hash);
     auto* object = reinterpret_cast<QueueObject*>(self);
     delete object->core;
     object->core = core;
