@@ -40,7 +40,7 @@ from bench_vllm_manager import BLOCK_SIZE, prompts
 
 from prefixcache.integrations import vllm as plugin
 from prefixcache.reference.trace import TRACE_BLOCK_SIZE, TraceRequest
-from prefixcache.testing.vllm_scheduler import make_request, make_scheduler
+from prefixcache.testing.vllm_scheduler import make_request, make_scheduler, run_step
 from prefixcache.tools.replay import OPTIMUM_POLICY, replay_concurrent
 from prefixcache.tools.workloads import split
 
@@ -63,10 +63,18 @@ def serve(
         max_num_batched_tokens=STEP_TOKEN_BUDGET,
         max_model_len=BLOCK_SIZE * (longest + 1),
     )
-    output_class = importlib.import_module("vllm.v1.outputs").ModelRunnerOutput
     pending = deque(sorted(range(len(requests)), key=lambda i: requests[i].timestamp_ms))
     live: dict[str, Any] = {}
-    step = preemptions = hit_tokens = prompt_tokens = 0
+    step = preemptions = 0
+    fresh: dict[str, int] = {}  # the live requests with nothing computed: their prompt tokens
+    admitted: list[tuple[int, int]] = []  # (hit tokens, prompt tokens) of each admission
+
+    def count_admissions(output: Any) -> None:
+        for request_id, count in output.num_scheduled_tokens.items():
+            if request_id in fresh:  # an admission (a readmission after a preemption too)
+                request = live[request_id]
+                admitted.append((request.num_computed_tokens - count, fresh[request_id]))
+
     start = time.perf_counter()
     while pending or live:
         while pending and requests[pending[0]].timestamp_ms // (args.step_ms * SCALE) <= step:
@@ -78,26 +86,14 @@ def serve(
         if not live:
             step = requests[pending[0]].timestamp_ms // (args.step_ms * SCALE)
             continue
-        fresh = {i: r.num_tokens for i, r in live.items() if r.num_computed_tokens == 0}
-        output = scheduler.schedule()
-        ids = list(output.num_scheduled_tokens)
-        for request_id, count in output.num_scheduled_tokens.items():
-            if request_id in fresh:  # an admission (a readmission after a preemption too)
-                hit_tokens += live[request_id].num_computed_tokens - count
-                prompt_tokens += fresh[request_id]
+        fresh.clear()
+        fresh.update({i: r.num_tokens for i, r in live.items() if r.num_computed_tokens == 0})
+        output = run_step(scheduler, live, count_admissions)
         preemptions += len(getattr(output, "preempted_req_ids", None) or ())
-        sampled = [[5] if live[i].num_computed_tokens >= live[i].num_tokens else [] for i in ids]
-        result = output_class(
-            req_ids=ids,
-            req_id_to_index={i: n for n, i in enumerate(ids)},
-            sampled_token_ids=sampled,
-        )
-        scheduler.update_from_output(output, result)
-        for request_id in ids:
-            if live[request_id].is_finished():
-                del live[request_id]
         step += 1
     plugin.uninstall()
+    hit_tokens = sum(hit for hit, _ in admitted)
+    prompt_tokens = sum(prompt for _, prompt in admitted)
     return hit_tokens / prompt_tokens, preemptions, time.perf_counter() - start
 
 

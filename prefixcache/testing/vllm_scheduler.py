@@ -6,7 +6,8 @@ full-attention group: the scheduler never touches the tensors) and a structured-
 manager. :func:`make_scheduler` builds one; :func:`make_request` a ``Request`` whose
 ``block_hashes`` vLLM's own hasher fills on arrival. No model runs: callers advance
 requests by scheduling them (chunked prefill moves ``num_computed_tokens``) and end them
-with ``finish_requests``. Needs vLLM 0.33 (imported on call).
+with ``finish_requests``, or let :func:`run_step` stand in for the model runner. Needs
+vLLM 0.33 (imported on call).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["make_request", "make_scheduler"]
+__all__ = ["make_request", "make_scheduler", "run_step"]
 
 _TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -114,3 +116,30 @@ def make_request(
         pooling_params=None,
         block_hasher=_hasher,
     )
+
+
+def run_step(
+    scheduler: Any, live: dict[str, Any], on_scheduled: Callable[[Any], None] | None = None
+) -> Any:
+    """One scheduler step with a stand-in model runner; returns the ``SchedulerOutput``.
+
+    Schedules (then calls ``on_scheduled(output)``, while the requests' counts are the
+    schedule's), samples one token (5) for each scheduled request whose prompt is
+    computed, hands that to ``update_from_output``, and drops the requests that finished
+    from ``live`` (request ID -> ``Request``, the requests the caller added).
+    """
+    output = scheduler.schedule()
+    if on_scheduled is not None:
+        on_scheduled(output)
+    ids = list(output.num_scheduled_tokens)
+    sampled = [[5] if live[i].num_computed_tokens >= live[i].num_tokens else [] for i in ids]
+    result = importlib.import_module("vllm.v1.outputs").ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={i: n for n, i in enumerate(ids)},
+        sampled_token_ids=sampled,
+    )
+    scheduler.update_from_output(output, result)
+    for request_id in ids:
+        if live[request_id].is_finished():
+            del live[request_id]
+    return output

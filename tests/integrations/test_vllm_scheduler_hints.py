@@ -19,7 +19,7 @@ import pytest
 
 from prefixcache.integrations import vllm as plugin
 from prefixcache.integrations import vllm_hint_walk
-from prefixcache.testing.vllm_scheduler import make_request, make_scheduler
+from prefixcache.testing.vllm_scheduler import make_request, make_scheduler, run_step
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (CI); see the module docstring")
 if not str(vllm.__version__).startswith(plugin.SUPPORTED_VERSION + "."):
@@ -128,7 +128,6 @@ def test_the_incremental_walk_lists_what_the_full_walk_lists_in_vllm(
     rng = random.Random(7)
     history = {c: list(range(1000 * c, 1000 * c + 16 * rng.randint(1, 4))) for c in range(6)}
     live: dict[str, Any] = {}
-    output_class = importlib.import_module("vllm.v1.outputs").ModelRunnerOutput
     steps = preempted = 0
     while steps < 300 or live:
         steps += 1
@@ -138,17 +137,6 @@ def test_the_incremental_walk_lists_what_the_full_walk_lists_in_vllm(
             request = make_request(f"{steps}", history[conversation][-300:], 16, rng.randint(1, 20))
             live[request.request_id] = request
             scheduler.add_request(request)
-        output = scheduler.schedule()
+        output = run_step(scheduler, live)
         preempted += len(output.preempted_req_ids or ())
-        ids = list(output.num_scheduled_tokens)
-        sampled = [[5] if live[i].num_computed_tokens >= live[i].num_tokens else [] for i in ids]
-        result = output_class(
-            req_ids=ids,
-            req_id_to_index={i: n for n, i in enumerate(ids)},
-            sampled_token_ids=sampled,
-        )
-        scheduler.update_from_output(output, result)
-        for request_id in ids:
-            if live[request_id].is_finished():
-                del live[request_id]
     assert len(listings) == steps and max(listings) > 8 and preempted > 0
