@@ -240,17 +240,20 @@ void VllmQueueCore::keep(int32_t id, PyObject* block) {
 bool VllmQueueCore::leaf_info(int32_t id, PyObject* key, LeafInfo* out) {
   int64_t hash;
   if (!vllm_block::policy_hash(key, &hash)) return false;
-  const int64_t uses = accesses_[id];
-  *out = LeafInfo{hash, stamp_[id], uses ? uses : 1, std::max<int64_t>(depth_[id], 0)};
+  *out = leaf_of(id, hash);
   return true;
+}
+
+LeafInfo VllmQueueCore::leaf_of(int32_t id, int64_t hash) const {
+  const int64_t uses = accesses_[id];
+  return LeafInfo{hash, stamp_[id], uses ? uses : 1, std::max<int64_t>(depth_[id], 0)};
 }
 
 // _insert_leaf: a hash-less block (unpinned) is keyed ("unpinned", block_id).
 bool VllmQueueCore::insert_leaf(int32_t id) {
   if (!leaf_hash_) {  // lru, fifo: the key is never read
-    const int64_t uses = accesses_[id];
     where_[id] = Section::kLeaf;
-    policy_->insert(id, LeafInfo{0, stamp_[id], uses ? uses : 1, std::max<int64_t>(depth_[id], 0)});
+    policy_->insert(id, leaf_of(id, 0));
     return true;
   }
   PyObject* key = vllm_block::hash_key(blocks_[id]);

@@ -104,6 +104,9 @@ class VllmQueueCore {
   bool check_not_free(const std::vector<int32_t>& ids);
   void keep(int32_t id, PyObject* block);
   bool leaf_info(int32_t id, PyObject* key, LeafInfo* out);
+  /// ``id``'s LeafInfo with policy hash ``hash`` (its stamp, uses, depth as the twin passes
+  /// them): what leaf_info builds once the key is hashed.
+  LeafInfo leaf_of(int32_t id, int64_t hash) const;
   bool insert_leaf(int32_t id);
   bool cut(int32_t id);
   void link_child(int32_t parent, int32_t child);
