@@ -67,7 +67,7 @@ from typing import Any
 from prefixcache import policies
 from prefixcache.engine.version import installed_version
 from prefixcache.errors import ConfigError
-from prefixcache.integrations import vllm_hints, vllm_metrics
+from prefixcache.integrations import vllm_ends, vllm_hints, vllm_metrics
 from prefixcache.integrations.vllm_lru import LruFreeBlockQueue
 from prefixcache.integrations.vllm_native_queue import native_queue, native_queue_spec
 from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue, policy_hash
@@ -170,6 +170,7 @@ def install(
     policy: str | Callable[..., EvictionPolicy] = "auto",
     *,
     queue_hints: float = 0.0,
+    conversation_ends: bool = False,
     **options: Any,
 ) -> None:
     """Make vLLM's v1 block pools built from now on evict in ``policy``'s order.
@@ -184,6 +185,8 @@ def install(
             queued requests may hold, handed out last while they wait
             (:mod:`.vllm_hints`; refreshed once per scheduler step, every pool the
             plugin built, from the next step on); 0, the default, turns hints off.
+        conversation_ends: when a streaming (resumable) session ends, its own cached
+            blocks are handed out first (:mod:`.vllm_ends`); off by default.
         **options: keyword arguments for the policy's constructor.
 
     Raises:
@@ -196,7 +199,9 @@ def install(
     share = vllm_hints.parse_share(queue_hints)
     make_policy, name = _policy_factory(policy, dict(options))
     block_pool, scheduler = _vllm_modules()
+    ends = _ends_wrappers(scheduler) if conversation_ends else []  # checked before changes
     vllm_hints.set_share(share)
+    vllm_ends.set_ends(conversation_ends)
     sample = make_policy()
     _FACTORY.make_policy, _FACTORY.name = make_policy, name
     _FACTORY.fast_lru = type(sample) is policies.LRUPolicy
@@ -219,6 +224,9 @@ def install(
         step = sched.__dict__.get("schedule")  # the metrics' flush point, once per step
         if step is not None and not hasattr(step, _MARK):
             _patch(sched, "schedule", _wrap_schedule(step))
+    for owner, method, wrap in ends:
+        if not hasattr(owner.__dict__[method], _MARK):
+            _patch(owner, method, wrap(owner.__dict__[method]))
     vllm_metrics.metrics()  # the families exist (and a name clash is logged) from now on
     # One line at start-up says what runs: a user reading vLLM's log sees the policy.
     _LOG.info(
@@ -239,6 +247,7 @@ def uninstall() -> bool:
     """
     removed = bool(_patches)
     vllm_hints.set_share(0.0)
+    vllm_ends.set_ends(False)
     while _patches:
         patch = _patches.pop()
         setattr(patch.owner, patch.name, patch.original)
@@ -275,7 +284,10 @@ def register() -> None:
     if "queue_hints" in options:
         raise ConfigError(f"{OPTIONS_ENV} holds the policy's options: set {HINTS_ENV} instead")
     share = vllm_hints.parse_share(os.environ.get(HINTS_ENV, "").strip() or 0)
-    install(name, queue_hints=share, **options)
+    ends = os.environ.get(vllm_ends.ENDS_ENV, "").strip()
+    if ends not in ("", "0", "1"):
+        raise ConfigError(f"{vllm_ends.ENDS_ENV} must be 0 or 1, got {ends!r}")
+    install(name, queue_hints=share, conversation_ends=ends == "1", **options)
 
 
 def _policy_factory(
@@ -345,6 +357,24 @@ def _vllm_modules() -> tuple[Any, Any]:
     except ImportError:
         scheduler = None
     return block_pool, scheduler
+
+
+def _ends_wrappers(scheduler: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
+    """What conversation ends wrap (:mod:`.vllm_ends`): the scheduler's ``_free_blocks``
+    and the KV-cache manager's ``get_computed_blocks``, each (owner, name, wrapper).
+
+    Raises:
+        ConfigError: vLLM's scheduler or either method is missing.
+    """
+    manager = importlib.import_module("vllm.v1.core.kv_cache_manager").KVCacheManager
+    wrappers = [
+        (getattr(scheduler, "Scheduler", None), "_free_blocks", vllm_ends.wrap_free),
+        (manager, "get_computed_blocks", vllm_ends.wrap_computed),
+    ]
+    for owner, name, _ in wrappers:
+        if name not in getattr(owner, "__dict__", {}):
+            raise ConfigError(f"conversation ends wrap vLLM's {name}, which this vLLM lacks")
+    return wrappers
 
 
 def _patch(owner: Any, name: str, value: Any) -> None:

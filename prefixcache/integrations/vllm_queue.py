@@ -15,13 +15,19 @@ from typing import Any
 import xxhash
 
 from prefixcache.errors import InvalidArgumentError, InvariantError
-from prefixcache.integrations.vllm_queue_views import FreeQueueViews, _End
+from prefixcache.integrations.vllm_queue_views import (
+    _FIRST,
+    _HINTED,
+    _INNER,
+    _LEAF,
+    FreeQueueViews,
+    _End,
+)
 from prefixcache.policies import EvictionPolicy, has_hook
 
 __all__ = ["PolicyFreeBlockQueue", "policy_hash"]
 
 _MASK63 = (1 << 63) - 1
-_FIRST, _LEAF, _INNER, _HINTED = 1, 2, 3, 4  # where a free block is
 
 
 def policy_hash(key: object) -> int:

@@ -20,6 +20,8 @@ from prefixcache.policies import EvictionPolicy
 
 __all__ = ["FreeQueueViews"]
 
+_FIRST, _LEAF, _INNER, _HINTED = 1, 2, 3, 4  # where a free block is (the queue's sections)
+
 
 class _End:
     """The fake head or tail of the linked view, as vLLM's queue has (``block_id`` -1)."""
@@ -41,6 +43,7 @@ class FreeQueueViews:
     _inner: OrderedDict[int, Any]
     _hinted: OrderedDict[int, Any]
     _blocks: dict[int, Any]
+    _where: dict[int, int]
     _parent: dict[int, int]
     _children: dict[int, set[int]]
     _head: Any
@@ -49,6 +52,11 @@ class FreeQueueViews:
     def _leaf_args(self, block_id: int) -> tuple[int, int, int, int]:
         """What the policy's ``insert`` gets after the block ID (the queue defines it)."""
         raise NotImplementedError
+
+    def is_free_leaf(self, block_id: int) -> bool:
+        """Whether ``block_id`` is free and one of the policy's leaves (cached, no cached
+        child): what a conversation's end may free (:mod:`.vllm_ends`). O(1)."""
+        return self._where.get(block_id) == _LEAF
 
     @property
     def fake_free_list_head(self) -> Any:

@@ -65,13 +65,20 @@ def queue_run(
             freed = rng.sample(held, rng.randint(1, len(held)))
             held = [block for block in held if block not in freed]
             queue.append_n(freed)
-        else:
+        elif roll < 0.9:
             cached = [b for b in queue.get_all_free_blocks() if b.block_hash is not None]
             if cached:  # a prefix hit on a free cached block
                 block = rng.choice(cached)
                 queue.remove(block)
                 queue.note_hits([block])
                 held.append(block)
+        else:  # a conversation's end (vllm_ends): a free leaf loses its hash where it lies
+            leaves = [b for b in blocks if queue.is_free_leaf(b.block_id) and b.block_hash]
+            if leaves:
+                block = rng.choice(leaves)
+                block.block_hash = None
+                queue.note_hash_removed(block)
         queue.check_invariants()
         seen.append(ids(queue.get_all_free_blocks()))
+        seen.append([queue.is_free_leaf(block.block_id) for block in blocks])
     return seen

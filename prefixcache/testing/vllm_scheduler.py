@@ -96,10 +96,16 @@ def make_scheduler(
 
 
 def make_request(
-    request_id: str, tokens: list[int], block_size: int = 16, max_tokens: int = 1
+    request_id: str,
+    tokens: list[int],
+    block_size: int = 16,
+    max_tokens: int = 1,
+    *,
+    resumable: bool = False,
 ) -> Any:
     """A ``Request`` for ``tokens`` that stops after ``max_tokens`` output tokens (no
-    end-of-sequence token stops it), hashed by vLLM's block hasher."""
+    end-of-sequence token stops it), hashed by vLLM's block hasher; ``resumable``: a
+    streaming session's turn (added again under the same ID, the session's next input)."""
     global _hasher
     utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
     if _hasher is None:
@@ -115,6 +121,7 @@ def make_request(
         sampling_params=params,
         pooling_params=None,
         block_hasher=_hasher,
+        resumable=resumable,
     )
 
 

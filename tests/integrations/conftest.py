@@ -4,6 +4,8 @@
 into a temporary folder, puts it first on ``sys.path`` (a real vLLM's modules are set
 aside and come back afterwards) and returns its ``vllm.v1.core.block_pool``;
 ``block_pool`` is that for vLLM 0.33.0. The plugin is uninstalled afterwards.
+``real_vllm_without_plugin``: the tests through the real vLLM's scheduler start and end
+without the plugin.
 """
 
 from __future__ import annotations
@@ -54,3 +56,15 @@ def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
 def block_pool(fake_vllm: Callable[..., Any]) -> Any:
     """The fake ``vllm.v1.core.block_pool`` module (vLLM 0.33.0)."""
     return fake_vllm("0.33.0")
+
+
+@pytest.fixture
+def real_vllm_without_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No plugin before or after; the coordinator builds the ``BlockPool`` the plugin
+    wraps (a test that reloads vLLM's block pool leaves it the class from before)."""
+    plugin.uninstall()
+    coordinator = importlib.import_module("vllm.v1.core.kv_cache_coordinator")
+    pool_class = importlib.import_module("vllm.v1.core.block_pool").BlockPool
+    monkeypatch.setattr(coordinator, "BlockPool", pool_class)
+    yield
+    plugin.uninstall()

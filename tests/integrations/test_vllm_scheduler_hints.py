@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,20 +25,9 @@ if not str(vllm.__version__).startswith(plugin.SUPPORTED_VERSION + "."):
     pytest.skip(
         f"vLLM {vllm.__version__} is not {plugin.SUPPORTED_VERSION}.x", allow_module_level=True
     )
+pytestmark = pytest.mark.usefixtures("real_vllm_without_plugin")
 
 FINISHED = importlib.import_module("vllm.v1.request").RequestStatus.FINISHED_STOPPED
-
-
-@pytest.fixture(autouse=True)
-def _uninstalled(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No plugin before or after; the coordinator builds the ``BlockPool`` the plugin
-    wraps (a test that reloads vLLM's block pool leaves it the class from before)."""
-    plugin.uninstall()
-    coordinator = importlib.import_module("vllm.v1.core.kv_cache_coordinator")
-    pool_class = importlib.import_module("vllm.v1.core.block_pool").BlockPool
-    monkeypatch.setattr(coordinator, "BlockPool", pool_class)
-    yield
-    plugin.uninstall()
 
 
 def serve(scheduler: Any, request: Any) -> None:

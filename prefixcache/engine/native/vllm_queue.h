@@ -91,6 +91,10 @@ class VllmQueueCore {
   int64_t num_hinted() const noexcept { return static_cast<int64_t>(hinted_.size()); }
   bool note_hash_removed(PyObject* block);
   bool knows(int64_t block_id) const noexcept;
+  /// Whether ``block_id`` is free and one of the policy's leaves (cached, no cached child).
+  bool is_free_leaf(int64_t block_id) const noexcept {
+    return block_id >= 0 && block_id < num_blocks_ && where_[block_id] == Section::kLeaf;
+  }
   bool note_moved(PyObject* source, PyObject* target);
   bool note_reset();
   bool eviction_order(PyObject** out);  // a new list: the hand-out order, on a copy

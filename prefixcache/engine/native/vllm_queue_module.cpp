@@ -202,13 +202,15 @@ PyObject* queue_note_hash_removed(PyObject* self, PyObject* block) {
   Py_RETURN_NONE;
 }
 
-PyObject* queue_knows(PyObject* self, PyObject* arg) {
+// A yes/no question about one block ID (an int; out of range or too large: false).
+template <bool (VllmQueueCore::*Query)(int64_t) const noexcept>
+PyObject* queue_ask(PyObject* self, PyObject* arg) {
   VllmQueueCore* core = core_of(self);
   if (!core) return nullptr;
   int overflow = 0;
   const long long id = PyLong_AsLongLongAndOverflow(arg, &overflow);
   if (id == -1 && PyErr_Occurred()) return nullptr;
-  return PyBool_FromLong(!overflow && core->knows(id));
+  return PyBool_FromLong(!overflow && (core->*Query)(id));
 }
 
 PyObject* queue_note_moved(PyObject* self, PyObject* args) {
@@ -273,7 +275,9 @@ PyMethodDef g_queue_methods[] = {
      "set_hinted(blocks, limit) -> int: the hinted section, the free cached blocks listed"},
     {"note_hash_removed", ENTER(queue_note_hash_removed), METH_O,
      "note_hash_removed(block): the block lost its hashes"},
-    {"knows", ENTER(queue_knows), METH_O, "knows(block_id) -> bool: any state for the block"},
+    {"knows", ENTER(queue_ask<&VllmQueueCore::knows>), METH_O, "knows(block_id) -> bool: any state for the block"},
+    {"is_free_leaf", ENTER(queue_ask<&VllmQueueCore::is_free_leaf>), METH_O,
+     "is_free_leaf(block_id) -> bool: free and one of the policy's leaves"},
     {"note_moved", ENTER(queue_note_moved), METH_VARARGS,
      "note_moved(source, target): source's hashes move to target"},
     {"note_reset", ENTER(queue_note_reset), METH_NOARGS, "note_reset(): every hash dropped"},
