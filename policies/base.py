@@ -202,11 +202,12 @@ class EvictionPolicy(ABC):
 
         Every matched block, inner ones included: a hit that ends inside a
         chain hands no leaf out, so :meth:`discard` alone does not see it.
-        The Python engine calls it after the request's references are taken,
-        outside any transaction (nothing to undo: the hit happened); the
-        native engine calls its built-in policies' twin (``Policy::on_hit``)
-        at the same point, and runs a policy object with this hook on the
-        Python engine. The list belongs to the caller.
+        Both engines call it inside the hit's transaction, after the hit's
+        leaves were discarded: when it raises, the hit fails, the engine
+        keeps nothing of it and the policy's transaction is aborted (record
+        undo entries for what it changed, as the built-ins do). The native
+        engine calls its built-in policies' twin (``Policy::on_hit``) or a
+        policy object's method. The list belongs to the caller.
         The default does nothing. Complexity: O(len(block_hashes)) at most.
         """
         return None

@@ -121,7 +121,7 @@ class NativeEngine:
         # A Python policy object: the engine calls its hooks (native/python_policy.cpp).
         hooks = tuple(
             hook
-            for hook in ("evicts_first", "on_register", "on_end")
+            for hook in ("evicts_first", "on_register", "on_end", "on_hit")
             if has_hook(policy_object, hook)
         )
         self.core = module.Engine(

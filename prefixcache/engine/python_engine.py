@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 
 from prefixcache.engine.core import EngineCounters
@@ -313,15 +316,17 @@ class PythonEngine(PythonPinSteps, PythonEvictionSteps, PythonPartitionSteps):
         matched = block_ids
         if acquire and len(matched):
             # A chain (each block the parent of the next) repeats no block.
+            heard = None
+            if self._observe_hit is not None:  # told inside the discards' transaction
+                hash_of = self.registry.hash_of
+                hashes = [int(hash_of(block_id)) for block_id in matched.tolist()]
+                heard = partial(self._observe_hit, hashes)
             if len(matched) < 2 or np.array_equal(
                 self.registry.parent_of[matched[1:]], matched[:-1]
             ):
-                self._take_references(matched, None)
+                self._take_references(matched, None, heard)
             else:
-                self._take_references(*count_occurrences(matched))
-            if self._observe_hit is not None:  # after the references: they are the fallible part
-                hash_of = self.registry.hash_of
-                self._observe_hit([int(hash_of(block_id)) for block_id in matched.tolist()])
+                self._take_references(*count_occurrences(matched), heard)
         self._num_queried += num_queried
         self._num_hits += len(matched)
 
@@ -335,21 +340,35 @@ class PythonEngine(PythonPinSteps, PythonEvictionSteps, PythonPartitionSteps):
             )
         self._take_references(unique, counts)
 
-    def _take_references(self, unique: np.ndarray, counts: np.ndarray | None) -> None:
-        """Commit new active references (one each if ``counts`` is None) on distinct blocks."""
+    def _take_references(
+        self,
+        unique: np.ndarray,
+        counts: np.ndarray | None,
+        heard: Callable[[], None] | None = None,
+    ) -> None:
+        """Commit new active references (one each if ``counts`` is None) on distinct blocks.
+
+        The policy's part comes first, as one transaction: the cached leaves taken out,
+        then ``heard()`` (a hit's ``on_hit``); if either raises, the policy is rolled back
+        and nothing of the engine's was written.
+        """
         refs, ledger = self.refs, self.ledger
         delta = 1 if counts is None else counts
         active = refs.active[unique]
         check_headroom(unique, active, delta, "active")
         inactive = active == 0
         num_activated = np.count_nonzero(inactive)
+        leaves: list[int] = []
         if num_activated:
             activated = unique if num_activated == len(unique) else unique[inactive]
             paused = refs.paused[activated]
             num_from_paused = np.count_nonzero(paused)
             cached = activated[paused == 0] if num_from_paused else activated
             if len(cached) and self.retains_unreferenced:
-                self._discard_leaves(cached[self.registry.num_children[cached] == 0].tolist())
+                leaves = cached[self.registry.num_children[cached] == 0].tolist()
+        if leaves or heard is not None:
+            self._discard_leaves(leaves, heard)
+        if num_activated:
             ledger.num_active += int(num_activated)
             ledger.num_paused -= int(num_from_paused)
             ledger.num_cached -= len(cached)
@@ -358,12 +377,14 @@ class PythonEngine(PythonPinSteps, PythonEvictionSteps, PythonPartitionSteps):
         refs.last_access[unique] = self._clock
         refs.num_accesses[unique] += delta
 
-    def _discard_leaves(self, leaves: list[int]) -> None:
-        """Take cached leaves out of the policy, all or none."""
+    def _discard_leaves(self, leaves: list[int], heard: Callable[[], None] | None = None) -> None:
+        """Take cached leaves out of the policy, then call ``heard``: all or none."""
         journal = self._journal()
         try:
             for block_id in leaves:
                 journal.discard(block_id)
+            if heard is not None:
+                heard()
         except BaseException:
             journal.rollback()
             raise

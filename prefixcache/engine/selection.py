@@ -33,7 +33,6 @@ from prefixcache.policies import (
     ReuseLRUPolicy,
     S3FIFOPolicy,
     SLRUPolicy,
-    has_hook,
     is_transactional,
 )
 from prefixcache.policies.auto import AutoPolicy
@@ -154,8 +153,7 @@ def python_policy_reason(config: AllocatorConfig, policy: EvictionPolicy) -> str
     the object's transactions (an ``EvictionPolicy`` subclass: a legacy policy keeps the
     Python engine's inverse-call journal), the hashes themselves (under wider hashes the
     engine holds keys), no hold on the Python engine's own state (a page-aware policy
-    reads its free list), no ``on_hit`` hook (the native engine reports hits to its own
-    policies, not yet to an object's), and a pool of at most
+    reads its free list), and a pool of at most
     :data:`PYTHON_POLICY_MAX_BLOCKS`. ``belady`` (offline) stays Python by name.
     Complexity: O(1).
     """
@@ -170,8 +168,6 @@ def python_policy_reason(config: AllocatorConfig, policy: EvictionPolicy) -> str
         return f"a {cls} object caches nothing (ref_zero runs by name)"
     if config.hash_algo != "xxh3_64":
         return f"a {cls} object under hash_algo={config.hash_algo!r} would see keys, not hashes"
-    if has_hook(policy, "on_hit"):
-        return f"a {cls} object has an on_hit hook, which only the Python engine calls yet"
     if config.total_count > PYTHON_POLICY_MAX_BLOCKS:
         return (
             f"a {cls} object needs a copy of the engine's state per call, too slow above "

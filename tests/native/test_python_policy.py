@@ -33,7 +33,6 @@ from prefixcache.policies import (
     LRUPolicy,
     PriorityPolicy,
     S3FIFOPolicy,
-    has_hook,
 )
 
 from prefixcache import KVBlockAllocator, PrefixCacheError, policies
@@ -81,19 +80,29 @@ _HOOKS = (
     "on_register",
     "evicts_first",
     "on_end",
+    "on_hit",
 )
-_OPTIONAL = ("on_register", "evicts_first", "on_end")
+_OPTIONAL = ("on_register", "evicts_first", "on_end", "on_hit")
 
 
-class EndRecordingLRU(LRUPolicy):
-    """LRU that records what each ``on_end`` told it (both engines must tell the same)."""
+class RecordingLRU(LRUPolicy):
+    """LRU that records what each ``on_end`` and ``on_hit`` told it (both engines must
+    tell the same; a rolled-back call's record is taken back with the transaction)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.ended: list[list[int]] = []
+        self.heard: list[tuple[str, list[int]]] = []
+
+    def _record(self, hook: str, block_hashes: list[int]) -> None:
+        self.heard.append((hook, list(block_hashes)))
+        if self._txn_undo is not None:
+            self._txn_undo.append((self.heard.pop,))
 
     def on_end(self, block_hashes: list[int]) -> None:
-        self.ended.append(list(block_hashes))
+        self._record("on_end", block_hashes)
+
+    def on_hit(self, block_hashes: list[int]) -> None:
+        self._record("on_hit", block_hashes)
 
 
 def faulty(base: type[EvictionPolicy]) -> type[EvictionPolicy]:
@@ -116,7 +125,10 @@ def faulty(base: type[EvictionPolicy]) -> type[EvictionPolicy]:
 
         return hooked
 
-    names = [n for n in _HOOKS if n not in _OPTIONAL or has_hook(base, n)]
+    def overridden(name: str) -> bool:  # has_hook asks about an instance, not a class
+        return getattr(base, name) is not getattr(EvictionPolicy, name)
+
+    names = [n for n in _HOOKS if n not in _OPTIONAL or overridden(n)]
     namespace: dict[str, Any] = {name: wrap(name) for name in names}
     namespace["fault_in"] = -1
     return type(f"Faulty{base.__name__}", (base,), namespace)
@@ -128,7 +140,7 @@ POLICY_CLASSES = {
     "s3fifo": S3FIFOPolicy,
     "arc": ARCPolicy,
     "priority": PriorityPolicy,
-    "lru_on_end": EndRecordingLRU,
+    "lru_recording": RecordingLRU,
 }
 
 PROFILE = settings(
@@ -291,7 +303,7 @@ class PythonPolicyMachine(RuleBasedStateMachine):
         assert mine == theirs, changed_fields(theirs, mine)
         assert _order(self.policies[1]) == _order(self.policies[0])
         assert len(self.policies[1]) == len(self.policies[0])
-        assert getattr(self.policies[1], "ended", None) == getattr(self.policies[0], "ended", None)
+        assert getattr(self.policies[1], "heard", None) == getattr(self.policies[0], "heard", None)
         assert self.native._engine.find_problems() == []
         self.python.check_invariants()
 
@@ -325,11 +337,11 @@ def test_a_policy_object_runs_natively_or_says_why(monkeypatch: pytest.MonkeyPat
     assert large.engine == "python" and "copy of the engine's state" in large.engine_reason
 
     class HitCounting(LRUPolicy):
-        def on_hit(self, block_hashes: list[int]) -> None:  # the native engine never calls it
+        def on_hit(self, block_hashes: list[int]) -> None:  # the native engine calls it too
             pass
 
     counting = KVBlockAllocator(total_count=8, device="cpu", eviction_policy=HitCounting())
-    assert counting.engine == "python" and "on_hit hook" in counting.engine_reason
+    assert counting.engine == "native" and "HitCounting" in counting.engine_reason
 
 
 def test_a_bad_victim_is_an_invariant_error_and_changes_nothing() -> None:
@@ -405,3 +417,30 @@ def test_a_python_policy_keeps_the_python_session() -> None:
         total_count=TOTAL_COUNT, block_size_tokens=BLOCK_SIZE, device="cpu", engine="native"
     )
     assert not isinstance(by_name.open_session(), Session)
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_raising_on_hit_fails_the_hit_and_changes_nothing(engine: str) -> None:
+    """``on_hit`` runs inside the hit's transaction on both engines: when it raises, the
+    references, counters and the policy's discards are all taken back (the Python engine
+    had kept the references: it called the hook after writing them)."""
+    policy = faulty(RecordingLRU)()
+    allocator = KVBlockAllocator(
+        total_count=TOTAL_COUNT,
+        block_size_tokens=BLOCK_SIZE,
+        device="cpu",
+        eviction_policy=policy,
+        engine=engine,
+    )
+    tokens = [1, 0, 1, 1, 0]
+    assert serve_composed(allocator, tokens, BLOCK_SIZE, keep=False) is not None
+    before, order, heard = state_digest(allocator), _order(policy), list(policy.heard)
+    hashes = allocator.hash_tokens(tokens)[:2]
+    policy.fault_in = 2  # type: ignore[attr-defined]  # the discard of the leaf, then on_hit
+    with pytest.raises(InjectedFault, match="on_hit"):
+        allocator.match_prefix(hashes, acquire=True)
+    assert state_digest(allocator) == before and _order(policy) == order
+    assert policy.heard == heard
+    policy.fault_in = -1  # type: ignore[attr-defined]
+    assert len(allocator.match_prefix(hashes, acquire=True)) == 2
+    assert policy.heard == [*heard, ("on_hit", hashes)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from prefixcache.policies import LRUPolicy
 from prefixcache.policies.auto import AutoPolicy
+from prefixcache.policies.page_aware import PageAwarePolicy
 
 from prefixcache import KVBlockAllocator
 from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
@@ -68,7 +69,7 @@ def test_auto_runs_natively_from_a_mapping_config(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize(
     ("config", "reason"),
     [
-        ({"eviction_policy": AutoPolicy()}, "on_hit hook"),
+        ({"eviction_policy": PageAwarePolicy(4)}, "reads the Python engine's free list"),
         ({"eviction_policy": "auto", "hash_algo": "sha256"}, "would see keys"),
         ({"eviction_policy": {"name": "lru", "unused": 1}}, "unexpected keyword argument"),
     ],
@@ -98,7 +99,7 @@ def test_environment_variable_overrides_auto(monkeypatch: pytest.MonkeyPatch) ->
     assert KVBlockAllocator(total_count=8, device="cpu").engine == "native"
     assert KVBlockAllocator(total_count=8, device="cpu", engine="python").engine == "python"
     with pytest.raises(ConfigError):
-        KVBlockAllocator(total_count=8, device="cpu", eviction_policy=AutoPolicy())
+        KVBlockAllocator(total_count=8, device="cpu", eviction_policy=PageAwarePolicy(4))
     monkeypatch.setenv("PREFIXCACHE_ENGINE", "python")
     assert KVBlockAllocator(total_count=8, device="cpu").engine == "python"
     assert KVBlockAllocator(total_count=8, device="cpu", engine="native").engine == "native"
@@ -125,16 +126,17 @@ def test_a_fallback_says_why_and_is_logged_once_per_reason(
     monkeypatch.delenv("PREFIXCACHE_ENGINE", raising=False)
     monkeypatch.setattr(selection, "_logged_reasons", set())
     with caplog.at_level("WARNING", logger="prefixcache.engine.selection"):
-        first = KVBlockAllocator(total_count=8, device="cpu", eviction_policy=AutoPolicy())
-        KVBlockAllocator(total_count=8, device="cpu", eviction_policy=AutoPolicy())
+        paged = {"free_list": "lowest", "page_size_blocks": 4}
+        first = KVBlockAllocator(total_count=8, eviction_policy=PageAwarePolicy(4), **paged)
+        KVBlockAllocator(total_count=8, eviction_policy=PageAwarePolicy(4), **paged)
         other = KVBlockAllocator(
             total_count=8, device="cpu", eviction_policy=LRUPolicy(), hash_algo="sha256"
         )
-    assert first.engine == "python" and "on_hit hook" in first.engine_reason
+    assert first.engine == "python" and "free list" in first.engine_reason
     assert other.engine == "python" and "LRUPolicy" in other.engine_reason
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == 2, messages
-    assert "AutoPolicy" in messages[0] and "LRUPolicy" in messages[1]
+    assert "PageAwarePolicy" in messages[0] and "LRUPolicy" in messages[1]
 
 
 def test_asking_for_python_is_not_a_fallback(

@@ -42,7 +42,7 @@ class PythonPolicy final : public Policy {
   bool bind_methods(PyObject* hooks) {
     static const char* const names[kNumMethods] = {
         "insert", "discard", "touch",  "evict",        "clear",       "relocate",
-        "begin",  "commit",  "abort",  "evicts_first", "on_register", "on_end"};
+        "begin",  "commit",  "abort",  "evicts_first", "on_register", "on_end", "on_hit"};
     for (int i = 0; i < kNumMethods; ++i) {
       if (i >= kEvictsFirst) {  // optional: only an overridden hook is called
         PyObject* name = PyUnicode_FromString(names[i]);
@@ -111,6 +111,14 @@ class PythonPolicy final : public Policy {
     PyObject* args[1] = {hash_list(hashes, count)};
     finish(PyObject_Vectorcall(methods_[kOnEnd], args, 1, nullptr), args, 1, false);
   }
+  // After the hit's references (the engine's order), inside the call's transaction: an
+  // on_hit that raises fails the call with the engine restored and the object aborted.
+  void on_hit(const int64_t* hashes, size_t count) override {
+    open();
+    PyObject* args[1] = {hash_list(hashes, count)};
+    finish(PyObject_Vectorcall(methods_[kOnHit], args, 1, nullptr), args, 1, false);
+  }
+  bool uses_on_hit() const noexcept override { return methods_[kOnHit] != nullptr; }
   bool evicts_first(int32_t block_id, const LeafInfo& leaf) override {
     if (!methods_[kEvictsFirst]) return false;
     open();
@@ -173,7 +181,7 @@ class PythonPolicy final : public Policy {
  private:
   enum Method {
     kInsert, kDiscard, kTouch, kEvict, kClear, kRelocate, kBegin, kCommit, kAbort,
-    kEvictsFirst, kOnRegister, kOnEnd, kNumMethods
+    kEvictsFirst, kOnRegister, kOnEnd, kOnHit, kNumMethods
   };
 
   // A new list of ``count`` Python ints (the hashes); throws as raised() when out of memory.

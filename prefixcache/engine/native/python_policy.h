@@ -18,7 +18,7 @@ namespace prefixcache {
 
 /// ``object`` (an EvictionPolicy subclass instance) behind the Policy interface, for block IDs
 /// below ``num_blocks``. ``hooks``: the names of the optional hooks it overrides (a tuple
-/// of str, from policies.has_hook: "evicts_first", "on_register", "on_end"), the only ones
+/// of str, from policies.has_hook: "evicts_first", "on_register", "on_end", "on_hit"), the only ones
 /// called.
 /// Returns null with a Python error set when a method is missing.
 std::unique_ptr<Policy> make_python_policy(PyObject* object, int32_t num_blocks,
