@@ -51,3 +51,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = kept
+
+
+_unimportable: list[str] = []  # test modules whose import failed, this session
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """Note a test module that cannot be imported: :func:`pytest_sessionfinish` fails the run.
+
+    ``--doctest-ignore-import-errors`` (pyproject.toml) skips a library module whose
+    optional dependency is missing; it skips a broken test module just as silently (its
+    doctest collector reports the import error as a skip), and every test in it would
+    pass unseen. Test modules that need an optional dependency skip themselves
+    (``pytest.importorskip``), which is not this report.
+    """
+    name = Path(report.nodeid.split("::")[0]).name
+    broken = "unable to import module" in str(report.longrepr)
+    if report.skipped and name.startswith("test_") and broken:
+        _unimportable.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test module that could not be imported fails the run (see above)."""
+    if not _unimportable:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for nodeid in _unimportable:
+        if reporter is not None:
+            reporter.write_line(f"a test module could not be imported (a failure): {nodeid}")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
