@@ -34,6 +34,7 @@ from prefixcache.policies import (
     PriorityPolicy,
     S3FIFOPolicy,
 )
+from prefixcache.policies.auto import AutoPolicy
 
 from prefixcache import KVBlockAllocator, PrefixCacheError, policies
 from prefixcache.engine.native_engine import native_available
@@ -141,6 +142,7 @@ POLICY_CLASSES = {
     "arc": ARCPolicy,
     "priority": PriorityPolicy,
     "lru_recording": RecordingLRU,
+    "auto": AutoPolicy,  # an object with on_register, on_hit and on_end
 }
 
 PROFILE = settings(
