@@ -24,9 +24,6 @@ class RecencySet {
 
   size_t size() const noexcept { return live_; }
 
-  /// Make ``key`` the most recent; whether it was present.
-  bool use(int64_t key) { return use_run(&key, 1, SIZE_MAX) == 1; }
-
   /// use(keys[i]) for i from count - 1 down to 0 (deepest first), and after each key that
   /// was absent (and added), pop_oldest() once if size() > ``limit``; how many were present.
   /// Keys found one after another in list order (a chain used again in the order it was
