@@ -224,7 +224,8 @@ int64_t Engine::admit(const int64_t* hashes, size_t num_full, size_t num_matchab
   counters_.num_queried += static_cast<int64_t>(num_matchable);
   counters_.num_hits += static_cast<int64_t>(num_hit);
   if (num_hit) take_references();  // unique_ and counts_ are the hits'
-  if (num_hit && policy_ && policy_->uses_on_hit()) report_hit(hits_.data(), num_hit);
+  // on_hit (take_hit's report_hit): the matched keys are the hits' hashes (index_.find).
+  if (num_hit && policy_ && policy_->uses_on_hit()) policy_->on_hit(hashes, num_hit);
   std::copy(hits_.begin(), hits_.begin() + static_cast<std::ptrdiff_t>(num_hit), out_row);
   allocate(needed, out_row + num_hit);
   if (num_full > num_hit) {

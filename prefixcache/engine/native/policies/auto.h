@@ -93,11 +93,12 @@ class AutoPolicy final : public CopyablePolicy<AutoPolicy> {
 
   // auto_sketch.cpp
   void resize_sketch(int64_t pool);
-  size_t index(int row, int64_t block_hash) const noexcept;
+  uint8_t locate(int64_t block_hash, size_t* at) const noexcept;
   int64_t uses(int64_t block_hash) const noexcept;
   int64_t count(int64_t block_hash, int64_t num_uses);
+  int64_t count_at(const size_t* at, int64_t least, int64_t num_uses);
   void count_run(const int64_t* hashes, size_t count);
-  int64_t uses_after(int64_t block_hash, int64_t new_uses) const noexcept;
+  int64_t uses_after(int64_t least, int64_t new_uses) const noexcept;
   void halve() noexcept;
 
   // auto_duels.cpp
@@ -111,7 +112,7 @@ class AutoPolicy final : public CopyablePolicy<AutoPolicy> {
 
   // auto_safety.cpp
   void clear_shadow();
-  bool refresh(int64_t block_hash, int32_t& hint);
+  size_t shadow_limit() const noexcept { return static_cast<size_t>(shadow_size_); }
   void resize_shadow(int64_t change);
   void score(int64_t lru_lead, int64_t counted);
   void shadow_misses(const int64_t* hashes, size_t count);

@@ -55,17 +55,17 @@ void AutoPolicy::reused(int64_t block_hash) {
 void AutoPolicy::link_side(int32_t slot, int side) {
   Duel& duel = duels_[static_cast<size_t>(slot)];
   const int32_t ref = slot * 2 + side;
-  int32_t* head = by_hash_.get(duel.block_hash[side]);
+  bool added = false;
+  int32_t& head = by_hash_.get_or_put(duel.block_hash[side], ref, added);
   duel.prev[side] = -1;
-  if (head == nullptr) {
+  if (added) {
     duel.next[side] = -1;
-    by_hash_.put(duel.block_hash[side], ref);
     return;
   }
-  duel.next[side] = *head;
-  Duel& after = duels_[static_cast<size_t>(*head >> 1)];
-  after.prev[*head & 1] = ref;
-  *head = ref;
+  duel.next[side] = head;
+  Duel& after = duels_[static_cast<size_t>(head >> 1)];
+  after.prev[head & 1] = ref;
+  head = ref;
 }
 
 void AutoPolicy::unlink_side(int32_t slot, int side) {

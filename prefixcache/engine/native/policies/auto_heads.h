@@ -35,6 +35,24 @@ class AutoHeads {
     ++size_;
   }
 
+  /// The value of ``key``, added with ``value`` if absent (``added`` says which): one
+  /// probe run where get-then-put takes two.
+  int32_t& get_or_put(int64_t key, int32_t value, bool& added) {
+    if (2 * (size_ + 1) > table_.size()) grow();  // no order is kept: growing early is free
+    size_t slot = home(key);
+    for (; table_[slot].key != 0; slot = (slot + 1) & mask_) {
+      if (table_[slot].key == key) {
+        added = false;
+        return table_[slot].value;
+      }
+    }
+    table_[slot].key = key;
+    table_[slot].value = value;
+    ++size_;
+    added = true;
+    return table_[slot].value;
+  }
+
   /// Remove ``key`` (present).
   void erase(int64_t key) noexcept {
     size_t hole = find(key);

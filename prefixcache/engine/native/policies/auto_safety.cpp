@@ -11,12 +11,6 @@
 
 namespace prefixcache {
 
-namespace {
-
-constexpr size_t kLookAhead = 6;  // a run of uses prefetches the shadow slot this far ahead
-
-}  // namespace
-
 void AutoPolicy::clear_shadow() {
   shadow_.clear();
   shadow_size_ = 1;
@@ -25,14 +19,6 @@ void AutoPolicy::clear_shadow() {
   fallback_ = false;
   registered_ = 0;
   hold_until_ = 0;
-}
-
-bool AutoPolicy::refresh(int64_t block_hash, int32_t& hint) {
-  // Use ``block_hash`` in the shadow (most recent now); whether the shadow held it. A run
-  // of uses passes ``hint`` along (RecencySet::use): a chain used again is found in order.
-  if (shadow_.use(block_hash, hint)) return true;
-  if (static_cast<int64_t>(shadow_.size()) > shadow_size_) shadow_.pop_oldest();
-  return false;
 }
 
 void AutoPolicy::resize_shadow(int64_t change) {
@@ -50,25 +36,17 @@ void AutoPolicy::score(int64_t lru_lead, int64_t counted) {
 void AutoPolicy::shadow_misses(const int64_t* hashes, size_t count) {
   // A run of registrations (real misses): +1 for LRU per hash the shadow holds. Deepest
   // first, so that the run's head ends most recent.
+  // Each hash the shadow lacks joins it, and its oldest leaves when it outgrows the cache.
   registered_ += static_cast<int64_t>(count);
-  int64_t held = 0;
-  int32_t hint = RecencySet::kNone;
-  for (size_t i = count; i-- > 0;) {
-    if (i >= kLookAhead) shadow_.prefetch(hashes[i - kLookAhead]);
-    held += refresh(hashes[i], hint);
-  }
+  const auto held = static_cast<int64_t>(shadow_.use_run(hashes, count, shadow_limit()));
   score(held, held);
 }
 
 void AutoPolicy::on_hit(const int64_t* hashes, size_t count) {
   // A request took the cached prefix: -1 for LRU per hash the shadow lacks (leaf first).
   sees_hits_ = true;
-  int64_t missed = 0;
-  int32_t hint = RecencySet::kNone;
-  for (size_t i = count; i-- > 0;) {
-    if (i >= kLookAhead) shadow_.prefetch(hashes[i - kLookAhead]);
-    missed += !refresh(hashes[i], hint);
-  }
+  const auto missed =
+      static_cast<int64_t>(count - shadow_.use_run(hashes, count, shadow_limit()));
   score(-missed, missed);
 }
 

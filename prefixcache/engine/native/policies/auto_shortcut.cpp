@@ -24,13 +24,15 @@ bool AutoPolicy::evicts_first(int32_t block_id, const LeafInfo& leaf) {
   const int acting = fallback ? 0 : lead;  // the expert that evicts (see evict_one)
   const bool lru_first = lru_.before_all(leaf.last_access, block_id);
   if (!lru_first && acting == 0) return false;
-  const int64_t uses = std::min(uses_after(leaf.block_hash, new_uses), kAutoFrequencyCap);
+  size_t at[kAutoRows];  // the hash's counters: read here, counted below if it evicts
+  const int64_t least = locate(leaf.block_hash, at);
+  const int64_t uses = std::min(uses_after(least, new_uses), kAutoFrequencyCap);
   const bool frequent_first = frequent_.before_all(FrequentKey{uses, leaf.last_access}, block_id);
   if (!frequent_first && acting == 1) return false;
   // Booked as evict_one would: the leader, the new uses, the stay, the duel.
   leader_ = lead;
   set_fallback(fallback);
-  if (new_uses > 0) count(leaf.block_hash, new_uses);
+  if (new_uses > 0) count_at(at, least, new_uses);
   stay.live = false;
   if (!(lru_first && frequent_first)) {
     const int32_t kept = acting == 0 ? frequent_.top() : lru_.top();

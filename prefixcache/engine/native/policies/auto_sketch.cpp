@@ -39,35 +39,38 @@ void AutoPolicy::resize_sketch(int64_t pool) {
   shift_ = 64 - bits;
 }
 
-size_t AutoPolicy::index(int row, int64_t block_hash) const noexcept {
-  const uint64_t product = static_cast<uint64_t>(block_hash) * options_.multipliers[row];
+uint8_t AutoPolicy::locate(int64_t block_hash, size_t* at) const noexcept {
+  // Each row's counter of ``block_hash`` (into ``at``); the least of them.
   // shift_ is in [1, 64]: two shifts, since a shift by 64 is undefined in C++.
-  return static_cast<size_t>(row * width_) + static_cast<size_t>((product >> 1) >> (shift_ - 1));
+  const auto key = static_cast<uint64_t>(block_hash);
+  const auto width = static_cast<size_t>(width_);
+  const int shift = shift_ - 1;
+  const uint8_t* const counters = sketch_.data();
+  uint8_t least = kAutoMaxCount;
+  for (int row = 0; row < kAutoRows; ++row) {
+    const uint64_t product = key * options_.multipliers[row];
+    at[row] = static_cast<size_t>(row) * width + static_cast<size_t>((product >> 1) >> shift);
+    least = std::min(least, counters[at[row]]);
+  }
+  return least;
 }
 
 int64_t AutoPolicy::uses(int64_t block_hash) const noexcept {
-  uint8_t least = kAutoMaxCount;
-  for (int row = 0; row < kAutoRows; ++row) {
-    least = std::min(least, sketch_[index(row, block_hash)]);
-  }
-  return least;
+  size_t at[kAutoRows];
+  return locate(block_hash, at);
 }
 
 void AutoPolicy::halve() noexcept {
   for (uint8_t& counter : sketch_) counter >>= 1;
 }
 
-int64_t AutoPolicy::count(int64_t block_hash, int64_t num_uses) {
-  // Add ``num_uses`` (conservative update); halve all when due. The uses afterwards.
-  size_t at[kAutoRows];
-  int64_t least = kAutoMaxCount;
-  for (int row = 0; row < kAutoRows; ++row) {
-    at[row] = index(row, block_hash);
-    least = std::min<int64_t>(least, sketch_[at[row]]);
-  }
+int64_t AutoPolicy::count_at(const size_t* at, int64_t least, int64_t num_uses) {
+  // Add ``num_uses`` to the counters ``at`` whose least is ``least`` (locate: conservative
+  // update); halve all when due. The uses afterwards.
   int64_t target = std::min<int64_t>(least + num_uses, kAutoMaxCount);
+  uint8_t* const counters = sketch_.data();
   for (int row = 0; row < kAutoRows; ++row) {
-    if (sketch_[at[row]] < target) sketch_[at[row]] = static_cast<uint8_t>(target);
+    if (counters[at[row]] < target) counters[at[row]] = static_cast<uint8_t>(target);
   }
   added_ += num_uses;
   if (added_ >= sample_) {
@@ -78,31 +81,37 @@ int64_t AutoPolicy::count(int64_t block_hash, int64_t num_uses) {
   return target;
 }
 
-void AutoPolicy::count_run(const int64_t* hashes, size_t count) {
-  // count(h, 1) for each hash of a registration run.
-  for (size_t i = 0; i < count; ++i) {
-    size_t at[kAutoRows];
-    uint8_t least = kAutoMaxCount;
-    for (int row = 0; row < kAutoRows; ++row) {
-      at[row] = index(row, hashes[i]);
-      least = std::min(least, sketch_[at[row]]);
-    }
-    const int target = least + 1;
-    if (target <= kAutoMaxCount) {
-      for (int row = 0; row < kAutoRows; ++row) {
-        if (sketch_[at[row]] < target) sketch_[at[row]] = static_cast<uint8_t>(target);
-      }
-    }
-    if (++added_ >= sample_) {
-      halve();
-      added_ /= 2;
-    }
-  }
+int64_t AutoPolicy::count(int64_t block_hash, int64_t num_uses) {
+  // Add ``num_uses`` (conservative update); halve all when due. The uses afterwards.
+  size_t at[kAutoRows];
+  const uint8_t least = locate(block_hash, at);
+  return count_at(at, least, num_uses);
 }
 
-int64_t AutoPolicy::uses_after(int64_t block_hash, int64_t new_uses) const noexcept {
-  // What uses(block_hash) would be after count(block_hash, new_uses); no change.
-  int64_t estimate = uses(block_hash);
+void AutoPolicy::count_run(const int64_t* hashes, size_t count) {
+  // count(h, 1) for each hash of a registration run.
+  int64_t added = added_;
+  for (size_t i = 0; i < count; ++i) {
+    size_t at[kAutoRows];
+    const int target = locate(hashes[i], at) + 1;
+    if (target <= kAutoMaxCount) {
+      uint8_t* const counters = sketch_.data();
+      for (int row = 0; row < kAutoRows; ++row) {
+        if (counters[at[row]] < target) counters[at[row]] = static_cast<uint8_t>(target);
+      }
+    }
+    if (++added >= sample_) {
+      halve();
+      added /= 2;
+    }
+  }
+  added_ = added;
+}
+
+int64_t AutoPolicy::uses_after(int64_t least, int64_t new_uses) const noexcept {
+  // What a hash's uses would be after count(hash, new_uses), ``least`` its locate(); no
+  // change.
+  int64_t estimate = least;
   if (new_uses > 0) {
     estimate = std::min<int64_t>(estimate + new_uses, kAutoMaxCount);
     if (added_ + new_uses >= sample_) estimate >>= 1;

@@ -1,8 +1,8 @@
 // RecencySet: block hashes in order of last use (least recent first), for auto's LRU shadow.
 //
 // What auto_safety.py keeps as a dict of stamps and a lazy heap, with one operation on the
-// hot path: use(key), which makes the key the most recent and says whether it was present,
-// and pop_oldest(). One open-addressing table (linear probing, tombstones, load <= 1/2)
+// hot path: use_run(keys), which makes each key the most recent in turn and counts those
+// that were present (a chain used again moves as one stretch), and pop_oldest(). One open-addressing table (linear probing, tombstones, load <= 1/2)
 // whose slots hold the key and the links of the recency list together, so a use is one
 // probe run and no second lookup (LinkedMap's index-then-arrays costs two). A removal
 // leaves a tombstone, since moving entries would break the links (unless the next slot is
@@ -24,49 +24,60 @@ class RecencySet {
 
   size_t size() const noexcept { return live_; }
 
-  /// Make ``key`` the most recent; whether it was present.
-  bool use(int64_t key) {
-    int32_t hint = kNone;
-    return use(key, hint);
-  }
-
-  /// use(key), first trying slot ``hint`` (any value); sets ``hint`` to the slot that came
-  /// after the key's in recency order, or kNone. A chain used key after key in the order
-  /// it was used the last time finds each key at the hint: no hashing, no probe run.
-  bool use(int64_t key, int32_t& hint) {
-    if (hint >= 0 && static_cast<size_t>(hint) < table_.size()) {
-      const Slot& entry = table_[hint];
-      if (entry.prev >= kNone && entry.key == key) {  // live, and keys are unique
-        const int32_t found = hint;
-        hint = entry.next;
-        to_back(found);
-        return true;
+  /// use(keys[i]) for i from count - 1 down to 0 (deepest first), and after each key that
+  /// was absent (and added), pop_oldest() once if size() > ``limit``; how many were present.
+  /// Keys found one after another in list order (a chain used again in the order it was
+  /// used the last time) are a stretch that moves to the back in one splice, found without
+  /// hashing or probing: the next key is compared with the stretch's list successor. The
+  /// result, order included, is that of the uses one at a time. Slots are prefetched
+  /// kLookAhead keys ahead, so the probes of a run overlap their cache misses.
+  size_t use_run(const int64_t* keys, size_t count, size_t limit) {
+    size_t present = 0;
+    int32_t run_first = kNone, run_last = kNone;  // the stretch found, still in place
+    for (size_t i = count; i-- > 0;) {
+      if (i >= kLookAhead) prefetch(keys[i - kLookAhead]);
+      const int64_t key = keys[i];
+      if (run_last != kNone) {
+        const int32_t after = table_[run_last].next;  // live: a list member
+        if (after != kNone && table_[after].key == key) {  // keys are unique
+          run_last = after;
+          ++present;
+          continue;
+        }
+        splice_back(run_first, run_last);
+        run_last = kNone;
       }
-    }
-    size_t slot = home(key);
-    size_t tomb = kNoSlot;
-    for (;; slot = (slot + 1) & mask_) {
-      Slot& entry = table_[slot];
-      if (entry.prev == kEmpty) break;
-      if (entry.prev == kTomb) {
-        if (tomb == kNoSlot) tomb = slot;
-      } else if (entry.key == key) {
-        hint = entry.next;
-        to_back(static_cast<int32_t>(slot));
-        return true;
+      size_t slot = home(key);
+      size_t tomb = kNoSlot;
+      bool found = false;
+      for (;; slot = (slot + 1) & mask_) {
+        const Slot& entry = table_[slot];
+        if (entry.prev == kEmpty) break;
+        if (entry.prev == kTomb) {
+          if (tomb == kNoSlot) tomb = slot;
+        } else if (entry.key == key) {
+          found = true;
+          break;
+        }
       }
+      if (found) {
+        run_first = run_last = static_cast<int32_t>(slot);
+        ++present;
+        continue;
+      }
+      if (tomb != kNoSlot) {
+        slot = tomb;
+      } else {
+        ++used_;
+      }
+      table_[slot].key = key;
+      link_back(static_cast<int32_t>(slot));
+      ++live_;
+      if (2 * used_ > table_.size()) rebuild();
+      if (live_ > limit) pop_oldest();
     }
-    hint = kNone;  // an insertion may rebuild the table
-    if (tomb != kNoSlot) {
-      slot = tomb;
-    } else {
-      ++used_;
-    }
-    table_[slot].key = key;
-    link_back(static_cast<int32_t>(slot));
-    ++live_;
-    if (2 * used_ > table_.size()) rebuild();
-    return false;
+    if (run_last != kNone) splice_back(run_first, run_last);
+    return present;
   }
 
   /// Start loading the slot where a use of ``key`` begins (a hint; changes nothing): a
@@ -98,7 +109,8 @@ class RecencySet {
 
   size_t memory_bytes() const noexcept { return table_.capacity() * sizeof(Slot); }
 
- static constexpr int32_t kNone = -1;  // no neighbour in the list; no hint
+  static constexpr int32_t kNone = -1;  // no neighbour in the list
+  static constexpr size_t kLookAhead = 6;  // use_run prefetches this many keys ahead
 
  private:
   // Unlink live ``slot`` from the recency list and free it.
@@ -142,12 +154,16 @@ class RecencySet {
     last_ = slot;
   }
 
-  void to_back(int32_t slot) noexcept {
-    if (slot == last_) return;
-    const int32_t before = table_[slot].prev, after = table_[slot].next;
+  // Move the list stretch first..last (first not after last) to the back, order kept.
+  void splice_back(int32_t first, int32_t last) noexcept {
+    if (last == last_) return;
+    const int32_t before = table_[first].prev, after = table_[last].next;  // after exists
     (before == kNone ? first_ : table_[before].next) = after;
-    table_[after].prev = before;  // after exists: slot is not the last
-    link_back(slot);
+    table_[after].prev = before;
+    table_[first].prev = last_;
+    table_[last_].next = first;  // last_ is not in the stretch, so it exists
+    table_[last].next = kNone;
+    last_ = last;
   }
 
   void reset(size_t capacity) {
