@@ -132,20 +132,27 @@ def test_a_lost_tail_costs_the_lost_blocks_and_an_intact_one_nothing(
 
 @pytest.mark.parametrize("kind", SESSION_KINDS)
 def test_defragmentation_and_reset_are_not_trusted_to_the_tail(kind: str) -> None:
-    """Relocation moves blocks and their generations; reset restarts the native counter:
-    the layout epoch sends the session to a full lookup."""
-    allocator = small_allocator(engine_of(kind), total_count=32)
-    filler = cache_chain(allocator, [201, 202, 203, 204, 205, 206])
-    session, conversation = open_session(allocator, kind), [1, 2, 3, 4, 5, 6, 7]
-    session.admit(conversation)
+    """Relocation moves an ancestor and leaves the tail (its generation unchanged): the leaf
+    rule says nothing about moves, so the layout epoch sends the session to a full lookup.
+    After a reset the chain registered anew is found again."""
+    allocator = small_allocator(engine_of(kind), total_count=32)  # lowest free IDs first
+    session, conversation = open_session(allocator, kind), [1, 2, 3, 4, 5]
+    held = allocator.allocate_block_ids(3)
+    session.admit(conversation)  # blocks 3, 4 (and 5, freed at release)
     session.release()
-    allocator.evict_blocks(np.array(filler, dtype=np.int32))  # holes below the chain
-    allocator.apply_defragment(allocator.plan_defragment())
-    admit_checked(allocator, session, conversation, [8, 9])
+    allocator.release_request(held)
+    admit_checked(allocator, session, conversation, [6, 7, 8, 9])
+    row = session.block_ids.tolist()[:4]  # [3, 4, 2, 1]: the tail below an ancestor
+    session.release()
+    plan = allocator.plan_defragment()
+    assert row[1] in plan.sources.tolist() and row[3] not in plan.sources.tolist()
+    allocator.apply_defragment(plan)
+    admit_checked(allocator, session, conversation, [10, 11])
+    assert session.block_ids.tolist()[:4] != row
     session.release()
     allocator.reset()
     cache_chain(allocator, allocator.hash_tokens(conversation)[:4])  # the same hashes, anew
-    admit_checked(allocator, session, conversation, [10])
+    admit_checked(allocator, session, conversation, [12])
     session.release()
     allocator.check_invariants()
 
