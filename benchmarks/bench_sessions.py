@@ -16,7 +16,7 @@ limit), run two ways on one allocator per run:
 
 Variants: ``w4`` (the spec: 8 sessions to 128k tokens, a pool that never fills),
 ``pressure`` (the same turns in a pool of a quarter of the blocks they need, so
-eviction takes idle sessions' blocks and turns fall back to a full lookup) and
+eviction takes idle sessions' blocks and a turn looks up what its session lost) and
 ``1m`` (one session to 1,048,576 tokens). Prints mean us per turn by prompt length
 and the growth (longest bucket / shortest), the hit rate, and the sessions/requests
 ratio per bucket; every number is from this run on this machine (compare ratios).

@@ -231,6 +231,13 @@ class EngineCore(Protocol):
         """``(hash, parent hash or None)`` of every registered block, parents first."""
         ...
 
+    def registrations(self, block_ids: np.ndarray) -> np.ndarray:
+        """Each block's registration generation (int64; 0: unregistered). A generation
+        is given once per registration, so an unchanged value means the block kept its
+        hash and parent since it was read (relocation and reset excepted: the facade's
+        layout epoch covers those). What sessions check their chains with. O(k)."""
+        ...
+
     # ---- partitions and time
 
     def move(self, block_ids: np.ndarray, *, to_paused: bool) -> None:

@@ -220,6 +220,9 @@ class NativeEngine:
         block_hash: int | None = self.core.hash_of(block_id)
         return block_hash
 
+    def registrations(self, block_ids: np.ndarray) -> np.ndarray:
+        return np.frombuffer(self.core.registrations(block_ids), dtype=np.int64)
+
     def registered_chains(self) -> list[tuple[int, int | None]]:
         chains: list[tuple[int, int | None]] = self.core.registered_chains()
         return chains

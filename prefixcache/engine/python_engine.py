@@ -409,6 +409,9 @@ class PythonEngine(PythonPinSteps, PythonEvictionSteps, PythonPartitionSteps):
         block_hash = self.registry.hash_of(block_id)
         return None if block_hash == NO_HASH else block_hash
 
+    def registrations(self, block_ids: np.ndarray) -> np.ndarray:
+        return self.registry.registrations(block_ids)
+
     def registered_chains(self) -> list[tuple[int, int | None]]:
         registry = self.registry
         pairs = sorted(registry.items(), key=lambda pair: int(registry.depth_of[pair[1]]))

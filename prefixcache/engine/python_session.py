@@ -1,7 +1,8 @@
 """The Python :class:`Session`: the reference of a conversation's turns (``sessions.py``).
 
 What a turn does and why (hash only the new tokens, trust the remembered
-blocks while the structure key holds, pin the hit chain's tail) is told in
+blocks while the structure key holds or the tail's registration generation is
+unchanged, pin the hit chain's tail) is told in
 ``sessions.py``, whose :meth:`~prefixcache.engine.sessions.SessionMethods.open_session`
 makes this object, or on the fused path the extension's twin
 (``engine/native/session.cpp``), which makes the same engine calls in the
@@ -67,6 +68,12 @@ class Session:
         self._num_tokens = 0
         self._num_held = 0  # blocks the running turn references (0: idle)
         self._key: tuple[int, int, int] | None = None  # structure key at the last release
+        # The per-session check (_valid_prefix): each remembered block's registration
+        # generation, read while a turn held it, for the first ``_recorded`` blocks; the layout
+        # epoch at the last release, None when a block did not carry its hash then.
+        self._generations = np.zeros(16, dtype=np.int64)
+        self._recorded = 0
+        self._epoch: int | None = None
         self._refused = False  # a registration of this turn was refused (hash held elsewhere)
         self._pinned = 0  # the running turn's pinned chain length (0: full references)
         self._shared = 0  # blocks the first turn hit (maybe shared prefixes): end() keeps them
@@ -160,13 +167,14 @@ class Session:
         parent = self._hashes[-1] if self._hashes else None
         new_hashes = self._hash(prompt, parent) if len(prompt) >= size else []
         engine = host._engine
-        known = len(self._hashes)
-        intact = known == 0 or self._key == host._structure_key()
+        known = base = len(self._hashes)  # base: leading remembered blocks known cached
         if not host.enable_prefix_caching:  # nothing was registered: nothing stayed cached
-            context = _EMPTY
-        else:
-            context = self._ids[:known] if intact else engine.lookup(self._hashes)
-        base = len(context)  # leading blocks known cached
+            base = 0
+        elif known:
+            key = host._structure_key()
+            if key != self._key:  # something was evicted, dropped, moved: check the chain
+                base = self._valid_prefix() if self._epoch == key[0] else 0
+        context = self._ids[:base]
         num_matchable = (num_tokens - 1) // size
         hashes_after = self._hashes[base:] + new_hashes if base < known else new_hashes
         later = _EMPTY
@@ -205,8 +213,7 @@ class Session:
                 self._tokens_of_blocks(num_hit, num_full, prompt, known),
             )
         self._grow(num_blocks)
-        if not intact:
-            self._ids[:base] = context
+        self._recorded = base  # the blocks after it get their generations at release
         self._ids[base:num_hit] = later
         self._ids[num_hit:num_blocks] = new
         if not known:
@@ -281,6 +288,13 @@ class Session:
             raise BlockStateError("no turn of this session is running")
         host = self._host
         before = host._structure_key()
+        known = len(self._hashes)
+        if not self._refused and known > self._recorded and host.enable_prefix_caching:
+            # The generations of the blocks this turn added, read while it holds them.
+            added = self._ids[self._recorded : known]
+            self._generations[self._recorded : known] = host._engine.registrations(
+                self._engine_ids(added)
+            )
         held = self._ids[: self._num_held]
         if self._pinned:  # the tail stands for its chain: release it and the turn's blocks
             engine_ids = self._engine_ids(held[self._pinned - 1 :])
@@ -296,6 +310,8 @@ class Session:
         # hash (a hash another block already held was not registered on the session's
         # block, which the release just freed); otherwise it looks the chain up again.
         self._key = after if before == after and not self._refused else None
+        self._epoch = None if self._refused else after[0]
+        self._recorded = 0 if self._refused else known
         self._refused = False
 
     def end(self) -> int:
@@ -310,7 +326,7 @@ class Session:
             found = host._engine.lookup(self._hashes)
             freed = host.evict_blocks(found[self._shared :]) if len(found) > self._shared else 0
         self._hashes, self._pending, self._num_tokens, self._shared = [], _EMPTY, 0, 0
-        self._key, self._refused = None, False
+        self._key, self._refused, self._epoch, self._recorded = None, False, None, 0
         return freed
 
     # ------------------------------------------------------------------ internals
@@ -373,9 +389,45 @@ class Session:
         known = len(self._hashes)
         return self._hashes[index] if index < known else new_hashes[index - known]
 
+    def _valid_prefix(self) -> int:
+        """How many leading remembered blocks still hold the chain. O(1) when the tail is
+        intact, O(log n) engine reads otherwise.
+
+        Block i is valid when its registration generation is the one read while a turn held
+        it. Every deregistration takes a leaf or a whole subtree (the leaf rule), so a valid
+        block's parent stays registered, and a parent (set at registration) moves only with
+        relocation, which the layout epoch covers: valid(i) implies valid(i - 1). So an
+        intact tail vouches for every ancestor, and a binary search finds the first invalid
+        block otherwise. Generations are given once: a chain evicted and recomputed into
+        other blocks, its tail landing on the old ID, fails here (``hash_of(tail)`` would
+        pass).
+        """
+        known = self._recorded
+        ids, generations = self._ids, self._generations
+        registrations = self._host._engine.registrations  # takes int32 IDs (no copy of the row)
+
+        def valid(index: int) -> bool:
+            return bool(registrations(ids[index : index + 1])[0] == generations[index])
+
+        if valid(known - 1):
+            return known
+        low, high = 0, known - 1  # blocks before low valid, block high not
+        while low < high:
+            middle = (low + high) // 2
+            if valid(middle):
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
     def _grow(self, num_blocks: int) -> None:
-        """Make room for ``num_blocks`` IDs in place (doubling), keeping the row's contents."""
+        """Make room for ``num_blocks`` IDs in place (doubling), keeping the row's contents
+        (and the generations beside it)."""
         if num_blocks > len(self._ids):
-            grown = np.zeros(max(num_blocks, 2 * len(self._ids)), dtype=np.int32)
+            size = max(num_blocks, 2 * len(self._ids))
+            grown = np.zeros(size, dtype=np.int32)
             grown[: len(self._ids)] = self._ids
             self._ids = grown
+            generations = np.zeros(size, dtype=np.int64)
+            generations[: len(self._generations)] = self._generations
+            self._generations = generations

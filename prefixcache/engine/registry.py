@@ -51,6 +51,9 @@ class HashRegistry:
       ``benchmarks/bench_core.py --memory``).
     - ``parent_of`` / ``depth_of``: numpy int32, parent block (``ROOT`` for a
       chain's first block) and 0-based position in the chain.
+    - ``_registered_at``: numpy int64, the registration generation of each
+      registered block (a counter bumped at every registration, never reset):
+      what a session compares to trust its remembered chain (:meth:`registrations`).
 
     Methods: :meth:`match`, :meth:`block_of`, :meth:`holds_none`, :meth:`hash_of`,
     :meth:`register`, :meth:`deregister_leaf`, :meth:`deregister_leaves`,
@@ -67,6 +70,8 @@ class HashRegistry:
         self._num_children = np.zeros(num_blocks, dtype=np.int32)
         self._parent_of = np.full(num_blocks, ROOT, dtype=np.int32)
         self._depth_of = np.zeros(num_blocks, dtype=np.int32)
+        self._registered_at = np.zeros(num_blocks, dtype=np.int64)
+        self._num_registrations = 0
         self._make_views()
 
     def _make_views(self) -> None:
@@ -99,6 +104,16 @@ class HashRegistry:
     def hash_of(self, block_id: int) -> int:
         """The hash ``block_id`` carries, or ``NO_HASH``. Complexity: O(1)."""
         return self._hash_of_block[block_id]
+
+    def registrations(self, block_ids: np.ndarray) -> np.ndarray:
+        """Each block's registration generation (int64), 0 where it is unregistered.
+
+        A generation is given once (the counter only grows, across :meth:`clear`
+        too), so an unchanged nonzero value means the block has carried the same
+        hash under the same parent since it was read. Complexity: O(k), vectorised.
+        """
+        ids = np.asarray(block_ids, dtype=np.intp)
+        return np.where(self._is_registered[ids], self._registered_at[ids], 0)
 
     def match(self, block_hashes: Sequence[int]) -> list[int]:
         """Blocks holding the longest registered prefix of ``block_hashes``.
@@ -172,6 +187,8 @@ class HashRegistry:
         self._hash_of_block[block_id] = block_hash
         self._is_registered[block_id] = True
         self._parent_of[block_id] = parent_id
+        self._num_registrations += 1
+        self._registered_at[block_id] = self._num_registrations
         if parent_id == ROOT:
             self._depth_of[block_id] = 0
         else:
@@ -201,6 +218,9 @@ class HashRegistry:
         self._parent_of[block_ids] = parents
         first_depth = 0 if parent_id == ROOT else int(self._depth_of[parent_id]) + 1
         self._depth_of[block_ids] = np.arange(first_depth, first_depth + count)
+        first = self._num_registrations + 1
+        self._registered_at[block_ids] = np.arange(first, first + count)
+        self._num_registrations += count
         # Inside the chain each block is its parent's only child.
         self._num_children[block_ids[:-1]] += 1
         self._first_child[block_ids[:-1]] = block_ids[1:]
@@ -309,7 +329,7 @@ class HashRegistry:
         perm = np.arange(len(self._is_registered), dtype=np.intp)
         perm[src], perm[dst] = dst, src
         both, swapped = np.concatenate((src, dst)), np.concatenate((dst, src))
-        for array in (self._is_registered, self._num_children, self._depth_of):
+        for array in (self._is_registered, self._num_children, self._depth_of, self._registered_at):
             array[both] = array[swapped]
         for links in (self._first_child, self._next_sibling, self._prev_sibling, self._parent_of):
             links[both] = links[swapped]

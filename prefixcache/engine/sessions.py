@@ -12,8 +12,12 @@ and the tokens of its partial last block. A turn then
   (the allocator's eviction and drop counters and its layout epoch). Only a
   block eviction, a ref-zero drop, defragmentation or a reset can unregister or
   move a block, so when none happened every remembered block is where it was.
-  Otherwise the turn falls back to one lookup of the remembered hashes (what
-  :meth:`admit_request` does every turn) and rebuilds what was lost;
+  Otherwise, the layout unchanged, it checks its own chain: the tail's
+  registration generation (engine ``registrations``) unchanged vouches for every
+  ancestor (the leaf rule), in O(1); else a binary search finds the blocks still
+  held and only the hashes after them are looked up. A refused registration or a
+  moved layout falls back to one lookup of the remembered hashes (what
+  :meth:`admit_request` does every turn); either way it rebuilds what was lost;
 - pins the context and allocates and registers the rest through the same
   engine calls as :meth:`admit_request`, so both engines, every policy, KV
   events and MoE routing see the same calls.

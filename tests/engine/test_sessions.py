@@ -72,14 +72,19 @@ def run_program(
         "release",
         "turn",
         "request",
+        "replay",
         "evict",
         "defrag",
         "reset",
     ),
 ) -> None:
     """A random program of turns, other requests, evictions, defragmentation and resets,
-    run on both allocators: the same outcomes, rows and state after every step."""
+    run on both allocators: the same outcomes, rows and state after every step. ``replay``
+    admits a prefix of a session's conversation as another request: a chain evicted and
+    recomputed into other blocks (its tail maybe on its old ID), which the session's
+    per-block check must notice."""
     tokens_st = tokens_of
+    conversations: list[list[int]] = [[] for _ in sessions]
     for _ in range(data.draw(st.integers(1, num_steps), label="steps")):
         step = data.draw(
             st.sampled_from(steps),
@@ -94,12 +99,13 @@ def run_program(
             assert got == want
             if got[0] == "ok":
                 assert row_of(session) == row_of(twin)
+                conversations[index] += tokens
         elif step == "append" and session.running:
             tokens = data.draw(tokens_st, label="tokens")
-            assert outcome(lambda s=session, t=tokens: s.append(t), messages) == outcome(
-                lambda w=twin, t=tokens: w.append(t), messages
-            )
+            got = outcome(lambda s=session, t=tokens: s.append(t), messages)
+            assert got == outcome(lambda w=twin, t=tokens: w.append(t), messages)
             assert row_of(session) == row_of(twin)
+            conversations[index] += tokens if got[0] == "ok" else []
         elif step == "release" and session.running:
             session.release()
             twin.release()
@@ -122,14 +128,27 @@ def run_program(
                 assert got == ("ok", twin.admit(tokens))
                 twin.append(response)
                 twin.release()
+            conversations[index] += tokens + response if got[0] == "ok" else []
+        elif step == "replay" and conversations[index]:  # the conversation as another request
+            tokens = conversations[index][: data.draw(st.integers(1, 8), label="replay")]
+            for allocator in (ours, theirs):
+                row = np.zeros(8, dtype=np.int32)
+                if outcome(lambda a=allocator, t=tokens, r=row: a.admit_request(t, r))[0] == "ok":
+                    allocator.release_request(row[: -(-len(tokens) // BLOCK)])
         elif step == "request":  # another request comes and goes
             tokens = data.draw(tokens_st, label="request")
             for allocator in (ours, theirs):
                 row = np.zeros(8, dtype=np.int32)
                 if outcome(lambda a=allocator, t=tokens, r=row: a.admit_request(t, r))[0] == "ok":
                     allocator.release_request(row[: -(-len(tokens) // BLOCK)])
-        elif step == "evict":
-            count = data.draw(st.integers(0, 3), label="evict")
+        elif step == "shuffle":  # blocks taken and freed in another order: the free stack moves
+            count = data.draw(st.integers(1, 4), label="shuffle")
+            for allocator in (ours, theirs):
+                taken = allocator.allocate_block_ids(count)
+                if taken is not None:
+                    allocator.release_request(taken)  # pushed back in reverse: top k swapped
+        elif step in ("evict", "flush"):  # flush: every cached block (then replays recompute)
+            count = data.draw(st.integers(0, 3), label="evict") if step == "evict" else 99
             assert ours.evict_cached_blocks(count) == theirs.evict_cached_blocks(count)
         elif step == "defrag" and not any(s.running for s in sessions):
             for allocator in (ours, theirs):
@@ -204,7 +223,10 @@ def test_pinned_chains_under_eviction_pressure_equal_full_references(
     ours, theirs = small_allocator(engine, policy, total), small_allocator(engine, policy, total)
     sessions = [open_session(ours, kind) for _ in range(3)]
     twins = [Twin(theirs) for _ in range(3)]
-    turns = ("admit", "admit", "append", "release", "release", "turn", "request", "evict", "defrag")
+    turns = (
+        *("admit", "admit", "append", "release", "release", "turn", "request", "evict"),
+        *("defrag", "replay", "replay", "flush", "shuffle", "shuffle"),
+    )
     run_program(
         data, ours, theirs, sessions, twins, tokens_of=long_tokens_st, steps=turns, num_steps=80
     )

@@ -145,6 +145,7 @@ def test_every_engine_method_leaves_its_arguments_refcounts_as_they_were() -> No
         ("register", (ids, hashes)),
         ("block_of", (11,)),
         ("hash_of", (2,)),
+        ("registrations", (ids,)),
         ("reference_counts", (ids,)),
         ("describe_state", (2,)),
         ("relocate", (ids, np.array([20, 21], dtype=np.int32))),

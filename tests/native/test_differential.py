@@ -371,6 +371,15 @@ class DifferentialMachine(RuleBasedStateMachine):
         for block_hash in self.hs(list(range(1, 13))):
             assert native.is_hash_registered(block_hash) == python.is_hash_registered(block_hash)
         assert native._engine.registered_chains() == python._engine.registered_chains()
+        # Registration generations (what sessions check): 0 exactly where unregistered, the
+        # same order of registration (the native counter restarts at reset, Python's not).
+        ids = everything.astype(np.int32)
+        mine_gen, theirs_gen = native._engine.registrations(ids), python._engine.registrations(ids)
+        assert (mine_gen == 0).tolist() == (theirs_gen == 0).tolist()
+        registered = np.flatnonzero(theirs_gen)
+        assert registered[np.argsort(mine_gen[registered])].tolist() == (
+            registered[np.argsort(theirs_gen[registered])].tolist()
+        )
         if self.events:
             assert native.take_events() == python.take_events()
         assert native._engine.find_problems() == []

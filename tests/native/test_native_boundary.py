@@ -257,6 +257,7 @@ def test_cpu_tensors_are_read_and_written_in_place() -> None:
             "reference_counts",
             "block_of",
             "hash_of",
+            "registrations",
             "describe_state",
             "hash_tokens",
         ]

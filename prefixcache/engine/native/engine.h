@@ -116,6 +116,13 @@ class Engine {
   int32_t block_of(int64_t block_hash) const noexcept { return index_.find(block_hash); }
   int64_t hash_of(int32_t block_id) const noexcept { return hash_of_[block_id]; }
   bool is_registered(int32_t block_id) const noexcept { return hash_of_[block_id] != 0; }
+  /// The block's registration generation (0: unregistered). Given once per registration (the
+  /// counter survives reset; a rollback restores it with the state, so only a registration
+  /// no caller saw gets a number again): an unchanged value means the block kept its hash
+  /// since it was read; its parent too, unless relocation renamed it (the layout epoch's).
+  int64_t registration_of(int32_t block_id) const noexcept {
+    return hash_of_[block_id] != 0 ? registration_[block_id] : 0;
+  }
   int32_t parent_of(int32_t block_id) const noexcept { return parent_[block_id]; }
   int32_t depth_of(int32_t block_id) const noexcept { return depth_[block_id]; }
   /// Registered blocks ordered by (depth, registration order): parents first.

@@ -273,7 +273,7 @@ void Engine::reset() {
   pin_bound_ = 0;
   rebuild_pinned_list();
   pending_blocks_.clear();
-  num_registrations_ = 0;
+  // num_registrations_ keeps counting: a generation is never handed out twice (sessions).
   changed_free_.clear();
   removed_hashes_.clear();
   reset_counters();

@@ -348,6 +348,8 @@ PyMethodDef g_methods[] = {
      "register(block_ids, block_hashes, parent_hash=None) -> (holds, new) as bytes of 0/1"},
     {"block_of", ENTER(engine_block_of), METH_O, "block_of(block_hash) -> int | None"},
     {"hash_of", ENTER(engine_hash_of), METH_O, "hash_of(block_id) -> int | None"},
+    {"registrations", ENTER(engine_registrations), METH_O,
+     "registrations(block_ids) -> bytes of int64 generations (0: unregistered)"},
     {"registered_chains", ENTER(engine_registered_chains), METH_NOARGS,
      "registered_chains() -> [(hash, parent hash or None)], parents first"},
     {"admit_request", ENTER_FAST(engine_admit_request), METH_FASTCALL | METH_KEYWORDS,

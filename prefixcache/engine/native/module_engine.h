@@ -120,6 +120,7 @@ PyObject* engine_acquire(PyObject* py_self, PyObject* arg);
 FASTCALL(engine_register);
 PyObject* engine_block_of(PyObject* py_self, PyObject* arg);
 PyObject* engine_hash_of(PyObject* py_self, PyObject* arg);
+PyObject* engine_registrations(PyObject* py_self, PyObject* arg);
 PyObject* engine_registered_chains(PyObject* py_self, PyObject*);
 
 // The fused request path (module_request.cpp).

@@ -1,5 +1,5 @@
 // Prefix reuse on prefixcache.engine._native.Engine: lookup, take_hit, acquire, register,
-// and reading the registry (block_of, hash_of, registered_chains).
+// and reading the registry (block_of, hash_of, registrations, registered_chains).
 
 #include <cstdint>
 #include <vector>
@@ -125,6 +125,20 @@ PyObject* engine_hash_of(PyObject* py_self, PyObject* arg) {
   const int64_t block_hash = self->engine->hash_of(block_id);
   if (block_hash == 0) Py_RETURN_NONE;
   return PyLong_FromLongLong(block_hash);
+}
+
+PyObject* engine_registrations(PyObject* py_self, PyObject* arg) {
+  // int64 generations as bytes (the wrapper views them with numpy): 0 where unregistered.
+  EngineObject* self = self_of(py_self);
+  if (!ready(self) || !native_parse_ids(arg, self->engine->num_usable(), *self->ids, "block_ids")) {
+    return nullptr;
+  }
+  const std::vector<int32_t>& ids = *self->ids;
+  PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(8 * ids.size()));
+  if (!out) return nullptr;
+  int64_t* generations = reinterpret_cast<int64_t*>(PyBytes_AS_STRING(out));
+  for (size_t i = 0; i < ids.size(); ++i) generations[i] = self->engine->registration_of(ids[i]);
+  return out;
 }
 
 PyObject* engine_registered_chains(PyObject* py_self, PyObject*) {

@@ -66,7 +66,32 @@ void SessionState::register_run(Engine& engine, size_t first, size_t count,
 }
 
 void SessionState::grow(size_t num_blocks) {
-  if (num_blocks > ids_.size()) ids_.resize(std::max({num_blocks, 2 * ids_.size(), size_t{16}}));
+  if (num_blocks > ids_.size()) {
+    ids_.resize(std::max({num_blocks, 2 * ids_.size(), size_t{16}}));
+    generations_.resize(ids_.size());
+  }
+}
+
+size_t SessionState::valid_prefix(const Engine& engine) const noexcept {
+  // Block i is valid when its registration is the one read while a turn held it. The leaf
+  // rule (every deregistration takes a leaf or a whole subtree) keeps a valid block's parent
+  // registered, and a parent set at registration moves only with relocation (the epoch):
+  // valid(i) implies valid(i - 1), so the tail decides for all, and a binary search finds
+  // the first invalid block otherwise. Generations are given once, so a chain evicted and
+  // recomputed with its tail on the old ID fails here (a hash_of check would pass).
+  const auto valid = [&](size_t i) { return engine.registration_of(ids_[i]) == generations_[i]; };
+  const size_t known = recorded_;
+  if (valid(known - 1)) return known;
+  size_t low = 0, high = known - 1;  // blocks before low valid, block high not
+  while (low < high) {
+    const size_t middle = low + (high - low) / 2;
+    if (valid(middle)) {
+      low = middle + 1;
+    } else {
+      high = middle;
+    }
+  }
+  return low;
 }
 
 int64_t SessionState::admit(Engine& engine, int64_t epoch, const int32_t* tokens,
@@ -93,21 +118,20 @@ int64_t SessionState::admit_reserving(Engine& engine, int64_t epoch, const int32
   const size_t num_tokens = static_cast<size_t>(num_tokens_) + count;
   hash_new_blocks(prompt, prompt_length);
   const size_t known = hashes_.size();
-  const bool intact = known == 0 || (has_key_ && key_ == key_of(engine, epoch));
   const size_t num_matchable = (num_tokens - 1) / size;
   const size_t num_blocks = (num_tokens + size - 1) / size;
   grow(num_blocks);  // capacity only: the remembered row is untouched
-  // The hits as one run: the row itself when the context is intact (the turn's later hits
-  // go after the remembered blocks, past the session's state), else scratch filled by one
-  // lookup of the remembered chain (copied into the row once nothing can fail).
-  int32_t* hit = ids_.data();
+  // The remembered blocks still holding the chain: all when nothing was evicted, dropped,
+  // relocated or reset since the last release (the structure key); else the per-session
+  // check (valid_prefix; none when the row was not trusted or the layout moved).
   size_t base = known;
-  if (!intact) {
-    context_.resize(std::max(known, num_matchable));
-    base = engine.lookup(hashes_.data(), known, context_.data());
-    num_looked_up_ += static_cast<int64_t>(known);
-    hit = context_.data();
+  if (known && !(has_key_ && key_ == key_of(engine, epoch))) {
+    base = trusted_ && epoch_ == epoch ? valid_prefix(engine) : 0;
   }
+  // The hits as one run, in the row: the lookups write past the valid prefix, over
+  // remembered blocks known stale (validity is prefix-closed, and a found block cannot carry
+  // a lost one's generation), so a refused turn leaves the session meaning what it did.
+  int32_t* hit = ids_.data();
   size_t num_hit = base;
   if (num_matchable > base) {
     const int64_t* query = chain_run(base, num_matchable);
@@ -145,7 +169,7 @@ int64_t SessionState::admit_reserving(Engine& engine, int64_t epoch, const int32
   } else {
     engine.take_hit(hit, num_hit, static_cast<int64_t>(num_matchable), true);
   }
-  if (!intact) std::copy(hit, hit + num_hit, ids_.data());
+  recorded_ = base;  // the blocks after it get their generations at release
   engine.allocate(needed, ids_.data() + num_hit);  // room was checked
   const size_t num_full = known + new_hashes_.size();
   if (num_full > num_hit) register_run(engine, num_hit, num_full - num_hit, chain_run(num_hit, num_full));
@@ -198,6 +222,12 @@ void SessionState::append(Engine& engine, const int32_t* tokens, size_t count) {
 void SessionState::release(Engine& engine, int64_t epoch) {
   if (!num_held_) refuse(ErrorKind::kBlockState, "no turn of this session is running");
   const StructureKey before = key_of(engine, epoch);
+  // The generations of the blocks this turn added to the chain, read while it holds them
+  // (O(new + looked-up blocks)); a refused registration leaves the row untrusted.
+  const size_t known = hashes_.size();
+  if (!refused_) {
+    for (size_t i = recorded_; i < known; ++i) generations_[i] = engine.registration_of(ids_[i]);
+  }
   if (pinned_) {  // the tail stands for its chain: release it and the turn's blocks
     engine.release_pinned(ids_.data() + pinned_ - 1, num_held_ - pinned_ + 1,
                           static_cast<int64_t>(pinned_));
@@ -210,6 +240,9 @@ void SessionState::release(Engine& engine, int64_t epoch) {
   // and every block carries its hash; otherwise it looks the chain up again.
   has_key_ = before == after && !refused_;
   key_ = after;
+  trusted_ = !refused_;
+  recorded_ = trusted_ ? known : 0;
+  epoch_ = epoch;
   refused_ = false;
 }
 
@@ -228,7 +261,8 @@ int64_t SessionState::end(Engine& engine) {
   pending_.clear();
   num_tokens_ = 0;
   shared_ = 0;
-  has_key_ = false;
+  has_key_ = trusted_ = false;
+  recorded_ = 0;
   refused_ = false;
   return freed;
 }

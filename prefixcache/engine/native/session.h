@@ -3,10 +3,10 @@
 // The C++ twin of prefixcache/engine/python_session.py's Session, for the fused path (the native
 // engine with xxh3_64 chains from the facade's root and no collaborator watching): the
 // hashes of the conversation's full blocks, the blocks that held them (the block-table row,
-// grown in place by doubling), the tokens of the partial last block and the allocator's
-// structure key at the last release. A turn composes exactly the engine calls the Python
-// Session composes, in the same order (lookup, take_hit, allocate, register_chain, release),
-// so the engine's state after every step is the Python Session's; one native call a step
+// grown in place by doubling), the tokens of the partial last block, the allocator's
+// structure key at the last release and each remembered block's registration generation.
+// A turn composes exactly the engine calls the Python Session composes, in the same order
+// (lookup, take_hit, allocate, register_chain, release), so the engine's state after every step is the Python Session's; one native call a step
 // spares the dozen Python-level calls.
 //
 // Every check precedes the first engine write (take_hit's, allocate's or release's own
@@ -48,7 +48,8 @@ class SessionState {
                const int32_t* response, size_t response_count);
   /// Add decoded tokens (count >= 1) to the running turn; blocks that fill are registered.
   void append(Engine& engine, const int32_t* tokens, size_t count);
-  /// End the running turn: drop its references; remember the structure key.
+  /// End the running turn: drop its references; remember the structure key and the
+  /// generations of the blocks the turn added.
   void release(Engine& engine, int64_t epoch);
 
   /// The conversation ended (no turn running): free the cached leaves among the blocks
@@ -72,6 +73,11 @@ class SessionState {
     const Counters& counters = engine.counters();
     return StructureKey{epoch, counters.num_evicted, counters.num_dropped};
   }
+  /// How many leading remembered blocks still hold the chain (the row was trusted at the
+  /// last release and the layout epoch is unchanged): the tail's registration generation
+  /// unchanged means all (the leaf rule: no ancestor leaves while a descendant stays), else
+  /// a binary search (validity is prefix-closed). O(1), O(log n) when the tail was lost.
+  size_t valid_prefix(const Engine& engine) const noexcept;
   /// ``pending_`` then ``tokens`` as one run (``pending_`` empty: ``tokens`` itself).
   const int32_t* joined(const int32_t* tokens, size_t count);
   /// The new full blocks' hashes of ``prompt`` (``length`` tokens) into ``new_hashes_``.
@@ -100,6 +106,13 @@ class SessionState {
   size_t shared_ = 0;    // blocks the first turn hit (maybe shared prefixes): end() keeps them
   bool has_key_ = false;  // key_ holds the structure key at the last release
   StructureKey key_;
+  // The per-session check (valid_prefix): the registration generation of each remembered
+  // block, read while the turn held it, for the first recorded_ blocks; trusted_: every
+  // remembered block carried its hash at the last release, under layout epoch epoch_.
+  std::vector<int64_t> generations_;
+  size_t recorded_ = 0;
+  bool trusted_ = false;
+  int64_t epoch_ = 0;
   bool refused_ = false;  // a registration of this turn was refused (hash held elsewhere)
   int64_t num_hashed_tokens_ = 0, num_looked_up_ = 0;
   // Scratch, reused across turns.
