@@ -72,13 +72,19 @@ bool vllm_pool_type(PyTypeObject* type, PyObject* original) {
 }
 
 /// Whether ``pool``'s own attributes shadow a method get_new_blocks calls (a test or a tool
-/// that wraps one per pool): then vLLM's get_new_blocks runs, calling the override.
+/// that wraps one per pool): then vLLM's get_new_blocks runs, calling the override. Asked
+/// through attribute lookup (a bound method of the type's function, or not), never through
+/// ``_PyObject_GetDictPtr``: on Python 3.11 that builds the instance's ``__dict__`` from its
+/// inline values, and a pool with a built dict reads each ``self.<attribute>`` of vLLM's
+/// methods more slowly for the rest of its life (about 4% of vLLM's own time per request).
 bool shadowed(PyObject* pool) {
-  PyObject** dict = _PyObject_GetDictPtr(pool);
-  if (!dict || !*dict) return false;
   for (PyObject* name : {g_maybe_evict, g_remove_hashes, g_emit_removed}) {
-    if (PyDict_GetItemWithError(*dict, name)) return true;
-    if (PyErr_Occurred()) {
+    PyObject* own = _PyType_Lookup(Py_TYPE(pool), name);  // borrowed
+    PyObject* found = PyObject_GetAttr(pool, name);
+    const bool bound = found && PyMethod_Check(found) && PyMethod_GET_SELF(found) == pool &&
+                       own && PyMethod_GET_FUNCTION(found) == own;
+    Py_XDECREF(found);
+    if (!bound) {
       PyErr_Clear();
       return true;
     }
