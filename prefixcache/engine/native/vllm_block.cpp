@@ -36,6 +36,7 @@ PyObject* g_vllm_prefix = nullptr;
 /// Where vLLM's KVCacheBlock keeps each attribute read here (-1: read it generically).
 struct Layout {
   PyTypeObject* type = nullptr;  // the type these offsets are of (a strong reference)
+  unsigned int version = 0;      // its version tag then (a change to the type changes it)
   Py_ssize_t block_id = -1, ref_cnt = -1, is_null = -1, block_hash = -1;
 };
 Layout g_layout;
@@ -55,6 +56,20 @@ Py_ssize_t slot_offset(PyTypeObject* type, PyObject* name) {
   return def->offset;
 }
 
+/// Whether ``found`` is vLLM's ``block_hash`` property: a plain property whose getter is a
+/// Python function of one argument that reads the one name ``_block_hash``.
+bool returns_hash_slot(PyObject* found) {
+  if (!found || Py_TYPE(found) != &PyProperty_Type) return false;
+  PyObject* getter = PyObject_GetAttrString(found, "fget");
+  const bool plain = getter && PyFunction_Check(getter);
+  const auto* code = plain ? reinterpret_cast<PyCodeObject*>(PyFunction_GET_CODE(getter)) : nullptr;
+  const bool reads = code && code->co_argcount == 1 && PyTuple_GET_SIZE(code->co_names) == 1 &&
+                     PyUnicode_Compare(PyTuple_GET_ITEM(code->co_names, 0), g_block_hash_slot) == 0;
+  Py_XDECREF(getter);
+  PyErr_Clear();
+  return reads;
+}
+
 /// Whether ``type`` is vLLM's KVCacheBlock with generic attribute access (no
 /// ``__getattribute__``/``__setattr__`` of its own, no instance dict to shadow a slot).
 bool vllm_block_type(PyTypeObject* type) {
@@ -69,20 +84,25 @@ bool vllm_block_type(PyTypeObject* type) {
 }
 
 /// The slot layout for ``type``: vLLM's KVCacheBlock's offsets, or nullptr (generic reads).
-/// The last type found is kept (a reloaded vLLM: the newest).
+/// The last type found is kept (a reloaded vLLM: the newest) while its version tag stands:
+/// assigning to one of its attributes (or a base's) invalidates the tag, and the type is
+/// looked at again.
 const Layout* layout_of(PyTypeObject* type) {
-  if (type == g_layout.type) return &g_layout;
+  if (type == g_layout.type && g_layout.version != 0 &&
+      (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && type->tp_version_tag == g_layout.version) {
+    return &g_layout;
+  }
   if (!vllm_block_type(type)) return nullptr;
   Layout layout;
   layout.block_id = slot_offset(type, g_block_id);
   layout.ref_cnt = slot_offset(type, g_ref_cnt);
   layout.is_null = slot_offset(type, g_is_null);
-  PyObject* property = _PyType_Lookup(type, g_block_hash);  // borrowed
-  if (property && Py_TYPE(property) == &PyProperty_Type) {
+  if (returns_hash_slot(_PyType_Lookup(type, g_block_hash))) {
     layout.block_hash = slot_offset(type, g_block_hash_slot);
   }
   Py_INCREF(type);
-  layout.type = type;
+  layout.type = type;  // the lookups above gave it a version tag, unless none was left
+  layout.version = (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? type->tp_version_tag : 0;
   PyTypeObject* old = g_layout.type;
   g_layout = layout;
   Py_XDECREF(old);
