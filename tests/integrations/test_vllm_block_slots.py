@@ -161,23 +161,28 @@ def test_lru_in_the_native_queue_keeps_vllms_order_with_each_block_type(
     """vLLM's pool built of ``kind`` blocks: under the plugin's lru (native queue, hooks and
     get_new_blocks in C) the same hits and ref counts as vLLM's own pool."""
     monkeypatch.setattr(block_pool, "KVCacheBlock", kind)
+    monkeypatch.setenv("PREFIXCACHE_ENGINE", "auto")  # the suite's default is python
     for seed in range(3):
         vanilla = run_workload(block_pool.BlockPool(24, True, 16), seed)
         plugin.install("lru")
         pool = block_pool.BlockPool(24, True, 16)
-        assert hasattr(pool.free_block_queue, "take_evictions")  # the native queue
+        assert isinstance(pool.free_block_queue, native_module().VllmQueue)
         assert type(pool.blocks[1]) is kind
         assert run_workload(pool, seed) == vanilla
         pool.free_block_queue.check_invariants()
         plugin.uninstall()
 
 
-def test_get_new_blocks_in_c_leaves_the_pools_attributes_inline() -> None:
+def test_get_new_blocks_in_c_leaves_the_pools_attributes_inline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Asking whether a pool shadows a method must not build its ``__dict__`` (on Python
     3.11 that slows every ``self.<attribute>`` of vLLM's methods for the pool's life): the
     collector sees the attribute values, not a dict holding them."""
+    monkeypatch.setenv("PREFIXCACHE_ENGINE", "auto")
     plugin.install("lru")
     pool = block_pool.BlockPool(24, True, 16)
+    assert isinstance(pool.free_block_queue, native_module().VllmQueue)
     pool.free_blocks(pool.get_new_blocks(3))
     assert not any(
         isinstance(item, dict) and item.get("free_block_queue") is pool.free_block_queue
