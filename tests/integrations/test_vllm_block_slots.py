@@ -99,7 +99,11 @@ def look_alike(block_id: int, ref_cnt: int, is_null: bool, block_hash: Any) -> A
 
 def test_vllms_block_is_read_at_its_slots_with_its_values() -> None:
     """Distinct values in each slot: a wrong or swapped offset reads another one."""
-    for block_id, refs, null, key in [(0, 0, False, None), (12345, 7, True, b"h" * 32), (3, 2**40, False, ("k", 1))]:
+    for block_id, refs, null, key in [
+        (0, 0, False, None),
+        (12345, 7, True, b"h" * 32),
+        (3, 2**40, False, ("k", 1)),
+    ]:
         block = KVCacheBlock(block_id, ref_cnt=refs, is_null=null)
         block._block_hash = key
         assert read_block(block) == (*python_reads(block), True)
@@ -147,7 +151,9 @@ def run_workload(pool: Any, seed: int, steps: int = 300) -> tuple[list[int], lis
         if running and (rng.random() < 0.45 or pool.get_num_free_blocks() < 8):
             pool.free_blocks(reversed(running.pop(rng.randrange(len(running)))))
             continue
-        blocks, num_hit = admit(pool, chain(rng.randrange(4), *(rng.randrange(3) for _ in range(4))))
+        blocks, num_hit = admit(
+            pool, chain(rng.randrange(4), *(rng.randrange(3) for _ in range(4)))
+        )
         hits.append(num_hit)
         running.append(blocks)
     held = sorted((block.block_id, block.ref_cnt) for blocks in running for block in blocks)

@@ -17,6 +17,8 @@
 #include <structmember.h>
 
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "vllm_queue.h"
 #include "xxh3.h"
@@ -138,17 +140,21 @@ bool read_long(PyObject* block, Py_ssize_t offset, PyObject* name, long long* ou
 
 namespace vllm_block {
 
+bool intern_names(std::initializer_list<std::pair<PyObject**, const char*>> names) {
+  for (const auto& [slot, text] : names) {
+    if (!*slot && !(*slot = PyUnicode_InternFromString(text))) return false;
+  }
+  return true;
+}
+
 bool ready() {
-  if (g_block_id) return true;
-  g_block_id = PyUnicode_InternFromString("block_id");
-  g_block_hash = PyUnicode_InternFromString("block_hash");
-  g_is_null = PyUnicode_InternFromString("is_null");
-  g_ref_cnt = PyUnicode_InternFromString("ref_cnt");
-  g_unpinned = PyUnicode_InternFromString("unpinned");
-  g_block_hash_slot = PyUnicode_InternFromString("_block_hash");
-  g_vllm_prefix = PyUnicode_InternFromString("vllm.");
-  return g_block_id && g_block_hash && g_is_null && g_ref_cnt && g_unpinned &&
-         g_block_hash_slot && g_vllm_prefix;
+  return intern_names({{&g_block_id, "block_id"},
+                       {&g_block_hash, "block_hash"},
+                       {&g_is_null, "is_null"},
+                       {&g_ref_cnt, "ref_cnt"},
+                       {&g_unpinned, "unpinned"},
+                       {&g_block_hash_slot, "_block_hash"},
+                       {&g_vllm_prefix, "vllm."}});
 }
 
 bool policy_hash(PyObject* key, int64_t* out) {

@@ -130,16 +130,13 @@ bool hand_out(PyObject* pool, PyObject* block, PyObject* remover, bool events,
 }  // namespace
 
 bool get_new_blocks_ready() {
-  if (g_remove_hashes) return true;
-  g_remove_hashes = PyUnicode_InternFromString("_remove_cached_block_hashes");
-  g_maybe_evict = PyUnicode_InternFromString("_maybe_evict_cached_block");
-  g_emit_removed = PyUnicode_InternFromString("_emit_block_removed_events");
-  g_enable_caching = PyUnicode_InternFromString("enable_caching");
-  g_enable_events = PyUnicode_InternFromString("enable_kv_cache_events");
-  g_metrics_collector = PyUnicode_InternFromString("metrics_collector");
-  g_reuse_watchers = PyUnicode_InternFromString("_reuse_watchers");
-  return g_remove_hashes && g_maybe_evict && g_emit_removed && g_enable_caching &&
-         g_enable_events && g_metrics_collector && g_reuse_watchers;
+  return vllm_block::intern_names({{&g_remove_hashes, "_remove_cached_block_hashes"},
+                                   {&g_maybe_evict, "_maybe_evict_cached_block"},
+                                   {&g_emit_removed, "_emit_block_removed_events"},
+                                   {&g_enable_caching, "enable_caching"},
+                                   {&g_enable_events, "enable_kv_cache_events"},
+                                   {&g_metrics_collector, "metrics_collector"},
+                                   {&g_reuse_watchers, "_reuse_watchers"}});
 }
 
 PyObject* vllm_get_new_blocks(PyObject* original, PyObject* const* args, VllmQueueCore* core) {

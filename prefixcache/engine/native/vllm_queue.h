@@ -15,6 +15,7 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -45,6 +46,8 @@ class IdChain {
 /// What the queue reads of a vLLM block (vllm_block.cpp); false with a Python error set.
 /// vLLM's own KVCacheBlock has its slots read at their offsets, any other type generically.
 namespace vllm_block {
+/// Interns each name not yet interned into its global; false with MemoryError set.
+bool intern_names(std::initializer_list<std::pair<PyObject**, const char*>> names);
 /// Interns the attribute names read below (once); false with MemoryError set.
 bool ready();
 /// policy_hash(key) of vllm_queue.py: XXH3-64 of bytes, else Python's hash; 63 bits.
