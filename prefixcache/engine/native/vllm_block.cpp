@@ -35,6 +35,15 @@ PyObject* g_unpinned = nullptr;
 PyObject* g_block_hash_slot = nullptr;
 PyObject* g_vllm_prefix = nullptr;
 
+/// Whether ``type``'s version tag is valid (assigning to the type invalidates it).
+bool tagged(PyTypeObject* type) {
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+  return (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) != 0;
+#else
+  return type->tp_version_tag != 0;
+#endif
+}
+
 /// Where vLLM's KVCacheBlock keeps each attribute read here (-1: read it generically).
 struct Layout {
   PyTypeObject* type = nullptr;  // the type these offsets are of (a strong reference)
@@ -90,8 +99,8 @@ bool vllm_block_type(PyTypeObject* type) {
 /// assigning to one of its attributes (or a base's) invalidates the tag, and the type is
 /// looked at again.
 const Layout* layout_of(PyTypeObject* type) {
-  if (type == g_layout.type && g_layout.version != 0 &&
-      (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && type->tp_version_tag == g_layout.version) {
+  if (type == g_layout.type && g_layout.version != 0 && tagged(type) &&
+      type->tp_version_tag == g_layout.version) {
     return &g_layout;
   }
   if (!vllm_block_type(type)) return nullptr;
@@ -104,7 +113,7 @@ const Layout* layout_of(PyTypeObject* type) {
   }
   Py_INCREF(type);
   layout.type = type;  // the lookups above gave it a version tag, unless none was left
-  layout.version = (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? type->tp_version_tag : 0;
+  layout.version = tagged(type) ? type->tp_version_tag : 0;
   PyTypeObject* old = g_layout.type;
   g_layout = layout;
   Py_XDECREF(old);
