@@ -3,42 +3,12 @@
 #include "vllm_queue.h"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <utility>
 
 #include "binding.h"
-#include "xxh3.h"
 
 namespace prefixcache {
-namespace {
-
-constexpr uint64_t kMask63 = (uint64_t{1} << 63) - 1;
-PyObject* g_block_id = nullptr;
-PyObject* g_block_hash = nullptr;
-PyObject* g_is_null = nullptr;
-PyObject* g_unpinned = nullptr;
-PyObject* g_block_hash_slot = nullptr;
-PyObject* g_vllm_prefix = nullptr;
-
-}  // namespace
-
-namespace vllm_block {
-
-bool ready() {
-  if (g_block_id) return true;
-  g_block_id = PyUnicode_InternFromString("block_id");
-  g_block_hash = PyUnicode_InternFromString("block_hash");
-  g_is_null = PyUnicode_InternFromString("is_null");
-  g_unpinned = PyUnicode_InternFromString("unpinned");
-  g_block_hash_slot = PyUnicode_InternFromString("_block_hash");
-  g_vllm_prefix = PyUnicode_InternFromString("vllm.");
-  return g_block_id && g_block_hash && g_is_null && g_unpinned && g_block_hash_slot &&
-         g_vllm_prefix;
-}
-
-}  // namespace vllm_block
-
 namespace {
 
 bool invariant(const std::string& message) {
@@ -47,84 +17,6 @@ bool invariant(const std::string& message) {
 }
 
 }  // namespace
-
-namespace vllm_block {
-
-bool policy_hash(PyObject* key, int64_t* out) {
-  if (PyBytes_Check(key)) {
-    const uint64_t h = xxh3_64(PyBytes_AS_STRING(key), static_cast<size_t>(PyBytes_GET_SIZE(key)));
-    *out = static_cast<int64_t>(h & kMask63);
-    return true;
-  }
-  const Py_hash_t h = PyObject_Hash(key);
-  if (h == -1 && PyErr_Occurred()) return false;
-  *out = static_cast<int64_t>(static_cast<uint64_t>(h) & kMask63);
-  return true;
-}
-
-bool is_null(PyObject* block, bool* out) {
-  PyObject* value = PyObject_GetAttr(block, g_is_null);
-  if (!value) return false;
-  const int truth = PyObject_IsTrue(value);
-  Py_DECREF(value);
-  if (truth < 0) return false;
-  *out = truth != 0;
-  return true;
-}
-
-bool cacheable(PyObject* block, bool* out, PyObject** key) {
-  bool null;
-  if (!is_null(block, &null)) return false;
-  *key = hash_key(block);
-  if (!*key) return false;
-  *out = !null && *key != Py_None;
-  return true;
-}
-
-namespace {
-
-PyTypeObject* g_slot_type = nullptr;  // vLLM's KVCacheBlock, once seen (a new reference)
-PyObject* g_slot = nullptr;           // its _block_hash member descriptor (a new reference)
-
-/// vLLM 0.33's KVCacheBlock reads ``block_hash`` through a property that returns its
-/// ``_block_hash`` slot: for that type, read the slot (no Python frame per block).
-bool reads_slot(PyTypeObject* type) {
-  if (type == g_slot_type) return true;
-  if (std::strcmp(type->tp_name, "KVCacheBlock") != 0) return false;
-  PyObject* property = _PyType_Lookup(type, g_block_hash);  // borrowed
-  PyObject* slot = _PyType_Lookup(type, g_block_hash_slot);
-  if (!property || !PyObject_TypeCheck(property, &PyProperty_Type) || !slot ||
-      Py_TYPE(slot) != &PyMemberDescr_Type) {
-    return false;
-  }
-  PyObject* module = PyDict_GetItemString(type->tp_dict, "__module__");  // borrowed
-  if (!module || !PyUnicode_Check(module) ||
-      PyUnicode_Tailmatch(module, g_vllm_prefix, 0, PY_SSIZE_T_MAX, -1) != 1) {
-    return false;
-  }
-  Py_INCREF(type);
-  Py_XSETREF(g_slot_type, type);  // a reloaded vLLM: the newest type
-  Py_XSETREF(g_slot, Py_NewRef(slot));
-  return true;
-}
-
-}  // namespace
-
-PyObject* hash_key(PyObject* block) {
-  PyTypeObject* type = Py_TYPE(block);
-  if (!reads_slot(type)) return PyObject_GetAttr(block, g_block_hash);
-  return Py_TYPE(g_slot)->tp_descr_get(g_slot, block, reinterpret_cast<PyObject*>(type));
-}
-
-bool raw_id(PyObject* block, long long* out) {
-  PyObject* value = PyObject_GetAttr(block, g_block_id);
-  if (!value) return false;
-  *out = PyLong_AsLongLong(value);
-  Py_DECREF(value);
-  return !(*out == -1 && PyErr_Occurred());
-}
-
-}  // namespace vllm_block
 
 // ------------------------------------------------------------------ IdChain
 
@@ -260,7 +152,7 @@ bool VllmQueueCore::insert_leaf(int32_t id) {
   if (!key) return false;
   if (key == Py_None) {
     Py_DECREF(key);
-    key = Py_BuildValue("(Oi)", g_unpinned, id);
+    key = vllm_block::unpinned_key(id);
     if (!key) return false;
   }
   LeafInfo leaf;

@@ -15,6 +15,7 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -42,12 +43,17 @@ class IdChain {
   size_t size_ = 0;
 };
 
-/// What the queue reads of a vLLM block (vllm_queue.cpp); false with a Python error set.
+/// What the queue reads of a vLLM block (vllm_block.cpp); false with a Python error set.
+/// vLLM's own KVCacheBlock has its slots read at their offsets, any other type generically.
 namespace vllm_block {
+/// Interns each name not yet interned into its global; false with MemoryError set.
+bool intern_names(std::initializer_list<std::pair<PyObject**, const char*>> names);
 /// Interns the attribute names read below (once); false with MemoryError set.
 bool ready();
 /// policy_hash(key) of vllm_queue.py: XXH3-64 of bytes, else Python's hash; 63 bits.
 bool policy_hash(PyObject* key, int64_t* out);
+/// ``("unpinned", id)``: a hash-less leaf's key (a new reference, nullptr with an error set).
+PyObject* unpinned_key(int32_t id);
 /// Whether ``block`` is neither null nor hash-less; ``*key``: its block_hash (a new ref).
 bool cacheable(PyObject* block, bool* out, PyObject** key);
 bool is_null(PyObject* block, bool* out);
@@ -55,6 +61,12 @@ bool is_null(PyObject* block, bool* out);
 PyObject* hash_key(PyObject* block);
 /// ``block.block_id`` as a long long (false with an error set).
 bool raw_id(PyObject* block, long long* out);
+/// ``block.ref_cnt`` as a long long (false with an error set).
+bool ref_cnt(PyObject* block, long long* out);
+/// ``block.ref_cnt = value`` (false with an error set).
+bool set_ref_cnt(PyObject* block, long value);
+/// Whether blocks of ``type`` have all four attributes read at their slots' offsets.
+bool uses_slots(PyTypeObject* type);
 }  // namespace vllm_block
 
 enum class Section : int8_t { kNone = 0, kFirst = 1, kLeaf = 2, kInner = 3, kHinted = 4 };

@@ -38,15 +38,11 @@ struct HookObject {
 };
 
 PyObject* g_free_block_queue = nullptr;
-PyObject* g_ref_cnt = nullptr;
 
 /// Whether nothing holds ``block`` (its ref_cnt is 0).
 bool unheld(PyObject* block, bool* out) {
-  PyObject* refs = PyObject_GetAttr(block, g_ref_cnt);
-  if (!refs) return false;
-  const long held = PyLong_AsLong(refs);
-  Py_DECREF(refs);
-  if (held == -1 && PyErr_Occurred()) return false;
+  long long held;
+  if (!vllm_block::ref_cnt(block, &held)) return false;
   *out = held == 0;
   return true;
 }
@@ -227,8 +223,7 @@ bool add_vllm_hook_type(PyObject* module) {
   g_hook_type.tp_members = g_hook_members;
   if (PyType_Ready(&g_hook_type) < 0) return false;
   g_free_block_queue = PyUnicode_InternFromString("free_block_queue");
-  g_ref_cnt = PyUnicode_InternFromString("ref_cnt");
-  if (!g_free_block_queue || !g_ref_cnt || !vllm_block::ready() || !get_new_blocks_ready()) {
+  if (!g_free_block_queue || !vllm_block::ready() || !get_new_blocks_ready()) {
     return false;
   }
   Py_INCREF(&g_hook_type);

@@ -213,6 +213,22 @@ PyObject* queue_ask(PyObject* self, PyObject* arg) {
   return PyBool_FromLong(!overflow && (core->*Query)(id));
 }
 
+/// read_block(block): what the native code reads of a block, as it reads it (the tests
+/// compare it with vLLM's attributes; the slot reads are vllm_block.cpp's).
+PyObject* queue_read_block(PyObject*, PyObject* block) {
+  if (!vllm_block::ready()) return nullptr;
+  long long id, refs;
+  bool null;
+  if (!vllm_block::raw_id(block, &id) || !vllm_block::ref_cnt(block, &refs) ||
+      !vllm_block::is_null(block, &null)) {
+    return nullptr;
+  }
+  PyObject* key = vllm_block::hash_key(block);
+  if (!key) return nullptr;
+  return Py_BuildValue("(LLNNN)", id, refs, PyBool_FromLong(null), key,
+                       PyBool_FromLong(vllm_block::uses_slots(Py_TYPE(block))));
+}
+
 PyObject* queue_note_moved(PyObject* self, PyObject* args) {
   PyObject *source, *target;
   if (!PyArg_ParseTuple(args, "OO", &source, &target)) return nullptr;
@@ -289,6 +305,9 @@ PyMethodDef g_queue_methods[] = {
      "take_counts() -> (hits, evictions): counted by BlockPoolHook since the last call"},
     {"check_invariants", ENTER(queue_check_invariants), METH_NOARGS,
      "check_invariants(): InvariantError naming the first broken invariant"},
+    {"read_block", queue_read_block, METH_O | METH_STATIC,
+     "read_block(block) -> (block_id, ref_cnt, is_null, block_hash, slots): the reads the "
+     "native code makes; slots: the type is vLLM's KVCacheBlock, read at its slots' offsets"},
     {nullptr, nullptr, 0, nullptr},
 };
 
