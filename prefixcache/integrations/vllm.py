@@ -281,8 +281,9 @@ def register() -> None:
         raise ConfigError(f"{OPTIONS_ENV} is not JSON: {exc}") from exc
     if not isinstance(options, dict):
         raise ConfigError(f"{OPTIONS_ENV} must be a JSON object, got {raw!r}")
-    if "queue_hints" in options:
-        raise ConfigError(f"{OPTIONS_ENV} holds the policy's options: set {HINTS_ENV} instead")
+    for key, env in (("queue_hints", HINTS_ENV), ("conversation_ends", vllm_ends.ENDS_ENV)):
+        if key in options:
+            raise ConfigError(f"{OPTIONS_ENV} holds the policy's options: set {env} instead")
     share = vllm_hints.parse_share(os.environ.get(HINTS_ENV, "").strip() or 0)
     ends = os.environ.get(vllm_ends.ENDS_ENV, "").strip()
     if ends not in ("", "0", "1"):
@@ -366,7 +367,10 @@ def _ends_wrappers(scheduler: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
     Raises:
         ConfigError: vLLM's scheduler or either method is missing.
     """
-    manager = importlib.import_module("vllm.v1.core.kv_cache_manager").KVCacheManager
+    try:
+        manager = importlib.import_module("vllm.v1.core.kv_cache_manager").KVCacheManager
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"conversation ends need vLLM's KVCacheManager: {exc}") from exc
     wrappers = [
         (getattr(scheduler, "Scheduler", None), "_free_blocks", vllm_ends.wrap_free),
         (manager, "get_computed_blocks", vllm_ends.wrap_computed),

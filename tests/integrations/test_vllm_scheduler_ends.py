@@ -109,6 +109,10 @@ def test_the_environment_turns_ends_on_and_refuses_other_values(
         plugin.register()
     assert plugin.installed_policy() is None
     monkeypatch.setenv(vllm_ends.ENDS_ENV, "1")
+    monkeypatch.setenv(plugin.OPTIONS_ENV, '{"conversation_ends": true}')
+    with pytest.raises(ConfigError, match=vllm_ends.ENDS_ENV):
+        plugin.register()
+    monkeypatch.delenv(plugin.OPTIONS_ENV)
     plugin.register()
     assert vllm_ends.ends_enabled()
     plugin.uninstall()
