@@ -12,12 +12,33 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["Block", "ids", "queue_run"]
+__all__ = ["Block", "LookAlike", "ids", "look_alike", "queue_run"]
 
 
 def ids(blocks: list[Any]) -> list[int]:
     """The blocks' IDs, in order."""
     return [block.block_id for block in blocks]
+
+
+# vLLM 0.33's block type by name and module, its slots in another order (and one more):
+# the native queue reads such a type at its own slots' offsets (engine/native/vllm_block.cpp).
+LookAlike = type(
+    "KVCacheBlock",
+    (),
+    {
+        "__module__": "vllm.v1.core.look_alike",
+        "__slots__": ("pad", "is_null", "_block_hash", "ref_cnt", "block_id"),
+        "block_hash": property(lambda self: self._block_hash),
+    },
+)
+
+
+def look_alike(block_id: int, ref_cnt: int, is_null: bool, block_hash: Any) -> Any:
+    """A :data:`LookAlike` block holding these values."""
+    block = LookAlike()
+    block.pad, block.block_id, block.ref_cnt = "pad", block_id, ref_cnt
+    block.is_null, block._block_hash = is_null, block_hash
+    return block
 
 
 class Block:

@@ -24,6 +24,7 @@ import pytest
 from prefixcache.engine.native_engine import native_available, native_module
 from prefixcache.integrations import vllm as plugin
 from prefixcache.testing.vllm_pool import admit, chain
+from prefixcache.testing.vllm_queue_driver import look_alike
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (CI)")
 if not str(vllm.__version__).startswith(plugin.SUPPORTED_VERSION + "."):
@@ -76,25 +77,6 @@ class PlainBlock:
 
     def __init__(self, block_id: int) -> None:
         self.block_id, self.ref_cnt, self.is_null, self.block_hash = block_id, 0, False, None
-
-
-# A look-alike of vLLM's name and module with its slots in another order: its own offsets.
-LookAlike = type(
-    "KVCacheBlock",
-    (),
-    {
-        "__module__": "vllm.v1.core.look_alike",
-        "__slots__": ("pad", "is_null", "_block_hash", "ref_cnt", "block_id"),
-        "block_hash": property(lambda self: self._block_hash),
-    },
-)
-
-
-def look_alike(block_id: int, ref_cnt: int, is_null: bool, block_hash: Any) -> Any:
-    block = LookAlike()
-    block.pad, block.block_id, block.ref_cnt = "pad", block_id, ref_cnt
-    block.is_null, block._block_hash = is_null, block_hash
-    return block
 
 
 def test_vllms_block_is_read_at_its_slots_with_its_values() -> None:
