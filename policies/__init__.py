@@ -76,6 +76,7 @@ __all__ = [
     "available",
     "get",
     "has_hook",
+    "is_registered",
     "is_transactional",
     "register",
 ]
@@ -128,6 +129,12 @@ def _load_entry_point(name: str) -> type | None:
             _registry[name] = cls
             return cls
     return None
+
+
+def is_registered(name: str) -> bool:
+    """Whether a policy is registered under ``name``, entry points included. O(1) for a
+    registered class; the entry points are read (and the class loaded) only otherwise."""
+    return name in _registry or _load_entry_point(name) is not None
 
 
 def available() -> list[str]:

@@ -245,6 +245,8 @@ def entry_point_plugin(
 
 
 def test_an_entry_point_policy_is_found_by_name(entry_point_plugin: str) -> None:
+    assert policies.is_registered("lru") and not policies.is_registered("no_such_policy")
+    assert policies.is_registered(entry_point_plugin)  # its class loaded and registered
     assert entry_point_plugin in policies.available()
     assert {"lru", "ref_zero"} <= set(policies.available())
     policy = policies.get(entry_point_plugin, limit=3)
