@@ -72,9 +72,8 @@ def end_session(pool: Any, groups: Sequence[Sequence[Any]], kept: Sequence[int])
     for index, group in enumerate(groups):
         first = kept[index] if index < len(kept) else 0
         for block in reversed(group[first:]):
-            if block.is_null or block.ref_cnt or not queue.is_free_leaf(block.block_id):
-                continue  # in use, a prefix another chain hangs off, or no hash
-            freed += bool(pool._maybe_evict_cached_block(block))
+            if queue.is_free_leaf(block.block_id):  # not in use, no cached child
+                freed += bool(pool._maybe_evict_cached_block(block))
     return freed
 
 

@@ -19,7 +19,8 @@ from heapq import heapify, heappop, heappush
 from typing import Any
 
 from prefixcache.errors import InvariantError
-from prefixcache.integrations.vllm_queue import _HINTED, _INNER, _LEAF, PolicyFreeBlockQueue
+from prefixcache.integrations.vllm_queue import PolicyFreeBlockQueue
+from prefixcache.integrations.vllm_queue_views import _HINTED, _INNER, _LEAF
 from prefixcache.policies import EvictionPolicy
 
 __all__ = ["LeafHeap", "LruFreeBlockQueue"]
