@@ -19,6 +19,7 @@ from prefixcache.engine.block_ids import to_int_array
 from prefixcache.engine.core import fused_core
 from prefixcache.engine.facade_view import FacadeView
 from prefixcache.engine.pins import room_beside
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import BlockStateError, CapacityError, InvalidArgumentError
 
 __all__ = ["Session"]
@@ -105,6 +106,29 @@ class Session:
         """The running turn's block table row: a view of the session's own array."""
         return self._ids[: self._num_held]
 
+    def block_ids_from(self, first: int) -> np.ndarray:
+        """The running turn's row from block ``first`` on (a view; O(1)): the blocks a step
+        handed out or registered, without the context before them.
+
+        Raises:
+            InvalidArgumentError: ``first`` is not an int in ``0..len(block_ids)``.
+        """
+        first = require_int(first, "first", minimum=0, maximum=self._num_held)
+        return self._ids[first : self._num_held]
+
+    def chain_hashes(self, first: int = 0, stop: int | None = None) -> list[int]:
+        """The chained hashes of the conversation's full blocks ``first..stop-1`` (default:
+        to the end; ``num_tokens // block_size`` in all): what the session registered or
+        looked up there. O(stop - first).
+
+        Raises:
+            InvalidArgumentError: not ``0 <= first <= stop <= num_tokens // block_size``.
+        """
+        known = len(self._hashes)
+        stop = known if stop is None else require_int(stop, "stop", minimum=0, maximum=known)
+        first = require_int(first, "first", minimum=0, maximum=stop)
+        return self._hashes[first:stop]
+
     # ------------------------------------------------------------------ a turn
 
     def turn(self, tokens: Any, response: Any, start: int = 0) -> int:
@@ -133,20 +157,24 @@ class Session:
         self.release()
         return num_hit
 
-    def admit(self, tokens: Any) -> int:
+    def admit(self, tokens: Any, *, reserve: int = 0) -> int:
         """Start a turn whose prompt is the conversation so far plus ``tokens``.
 
         Pins the cached context, matches the new full blocks, allocates the
         rest (evicting through the policy) and registers the new full blocks.
+        ``reserve`` tokens more (a response to come) must fit beside the
+        prompt, or the admit is refused: what :meth:`turn` checks, for a
+        caller that runs the turn's steps apart (a tiered session).
 
         Returns:
             How many leading blocks of the prompt came from the cache.
 
         Raises:
             BlockStateError: a turn is running (release it first).
-            InvalidArgumentError, InvalidTensorError: malformed or no tokens.
-            CapacityError: the pool cannot hold the prompt even after
-                eviction. Nothing changes, the session included.
+            InvalidArgumentError, InvalidTensorError: malformed or no tokens,
+                ``reserve`` not an int >= 0.
+            CapacityError: the pool cannot hold the prompt (and ``reserve``)
+                even after eviction. Nothing changes, the session included.
 
         Complexity: O(len(tokens)) hashing and matching, O(1) to check the
         context and pin its chain (O(context blocks) reference updates with
@@ -154,7 +182,7 @@ class Session:
         """
         if self._num_held:
             raise BlockStateError("a turn of this session is running; release() it first")
-        return self._admit(tokens, 0)
+        return self._admit(tokens, require_int(reserve, "reserve", minimum=0))
 
     def _admit(self, tokens: Any, reserve: int) -> int:
         """:meth:`admit`, whose capacity check also counts ``reserve`` tokens after the
