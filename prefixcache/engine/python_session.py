@@ -15,29 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from prefixcache.engine.block_ids import to_int_array
 from prefixcache.engine.core import fused_core
 from prefixcache.engine.facade_view import FacadeView
 from prefixcache.engine.pins import room_beside
+from prefixcache.engine.session_inputs import checked_tokens, valid_prefix_length
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import BlockStateError, CapacityError, InvalidArgumentError
 
 __all__ = ["Session"]
 
 _EMPTY = np.empty(0, dtype=np.int32)
-_INT32 = np.iinfo(np.int32)
-
-
-def _tokens(tokens: Any) -> np.ndarray:
-    """``tokens`` as an int32 array, refused (before any change) outside int32 or empty."""
-    if type(tokens) is np.ndarray and tokens.dtype == np.int32 and tokens.ndim == 1 and tokens.size:
-        return tokens  # what a tokenizer hands over: nothing to convert or check
-    array = to_int_array(tokens, "tokens")
-    if array.size and (int(array.min()) < _INT32.min or int(array.max()) > _INT32.max):
-        raise InvalidArgumentError("tokens must lie in the int32 range")
-    if not array.size:
-        raise InvalidArgumentError("a turn or an append needs at least one token")
-    return array.astype(np.int32)
 
 
 class Session:
@@ -147,7 +134,7 @@ class Session:
         """
         if self._num_held:
             raise BlockStateError("a turn of this session is running; release() it first")
-        reply = _tokens(response)  # checked before anything changes
+        reply = checked_tokens(response)  # checked before anything changes
         if start:
             if not 0 <= start <= len(tokens):
                 raise InvalidArgumentError(f"start {start} is outside the {len(tokens)} tokens")
@@ -189,7 +176,7 @@ class Session:
         prompt (:meth:`turn`'s response)."""
         host = self._host
         size = host.block_size_tokens
-        fresh = _tokens(tokens)
+        fresh = checked_tokens(tokens)
         prompt = np.concatenate([self._pending, fresh]) if self._pending.size else fresh
         num_tokens = self._num_tokens + len(fresh)
         parent = self._hashes[-1] if self._hashes else None
@@ -271,7 +258,7 @@ class Session:
             raise BlockStateError("no turn of this session is running; admit() one first")
         host = self._host
         size = host.block_size_tokens
-        fresh = _tokens(tokens)
+        fresh = checked_tokens(tokens)
         pending = np.concatenate([self._pending, fresh])
         num_tokens = self._num_tokens + len(fresh)
         needed = -(-num_tokens // size) - self._num_held
@@ -437,16 +424,7 @@ class Session:
         def valid(index: int) -> bool:
             return bool(registrations(ids[index : index + 1])[0] == generations[index])
 
-        if valid(known - 1):
-            return known
-        low, high = 0, known - 1  # blocks before low valid, block high not
-        while low < high:
-            middle = (low + high) // 2
-            if valid(middle):
-                low = middle + 1
-            else:
-                high = middle
-        return low
+        return valid_prefix_length(valid, known)
 
     def _grow(self, num_blocks: int) -> None:
         """Make room for ``num_blocks`` IDs in place (doubling), keeping the row's contents
