@@ -217,3 +217,39 @@ def test_blocks_freed_by_end_are_demoted_when_the_same_step_recomputes_them(engi
     demoted = [op for op in tier.take_transfer().ops if op[0] == DEMOTE]
     assert len(demoted) == len(chain) and all(h in tier.host for h in chain)
     tier.check()
+
+
+def test_a_context_spilled_to_the_remote_tier_comes_back_from_there(make_loop, dict_client):
+    """Device -> host -> (host full) remote: the session's next turn loads its context from
+    the remote tier and promotes it, with the K/V it was computed with."""
+    from prefixcache.tiers.remote import RemoteTier
+
+    remote = RemoteTier(dict_client(), namespace="m")
+    loop = make_loop(9, 4, remote=remote)  # 8 device blocks, 4 host slots: both spill
+    size = loop.allocator.block_size_tokens
+    caches = [*loop.kv.k_caches, *loop.kv.v_caches]
+
+    def holds_its_kv(block: int, block_hash: int) -> bool:
+        held = [cache[block].clone() for cache in caches]
+        loop.write(block, block_hash)
+        return all(h.equal(c[block]) for h, c in zip(held, caches, strict=True))
+
+    session = loop.tiered.open_session()
+    session.admit(tokens(1, 3 * size + 1))  # 3 full blocks and a partial one
+    chain, row = session.chain_hashes(), session.block_ids.tolist()
+    for block, block_hash in zip(row, chain, strict=False):
+        loop.write(block, block_hash)  # the forward pass
+    session.release()
+    for seed in range(2, 5):  # other conversations push it out of both tiers
+        loop.tiered.open_session().turn(tokens(seed, 7 * size), [7])
+        loop.copy()
+    remote.flush()
+    assert not any(h in loop.host or loop.allocator.is_hash_registered(h) for h in chain)
+    assert session.admit([9]) == len(chain)  # loaded from the remote tier and promoted
+    loop.copy()
+    row = session.block_ids.tolist()
+    assert all(holds_its_kv(row[i], h) for i, h in enumerate(chain))
+    assert loop.tiered.stats().num_promoted_blocks == len(chain)
+    session.release()
+    loop.tiered.check()
+    remote.close()
