@@ -432,14 +432,18 @@ class TieredCache:
         epoch: int,
     ) -> None:
         depth = self._depth_after(parent_hash)
-        parents = [parent_hash, *hashes[:-1]]
-        for index in np.flatnonzero(holds).tolist():
-            block_id, block_hash = int(ids[index]), hashes[index]
-            old = self._held.get(block_id)
-            if old is not None and self._held_block.get(old.block_hash) == block_id:
-                del self._held_block[old.block_hash]
-            self._held[block_id] = _Held(block_hash, parents[index], depth + index, epoch)
-            self._held_block[block_hash] = block_id
+        held, held_block = self._held, self._held_block
+        parent = parent_hash
+        for index, (block_id, block_hash, carries) in enumerate(
+            zip(ids.tolist(), hashes, holds.tolist(), strict=True)
+        ):
+            if carries:
+                old = held.get(block_id)
+                if old is not None and held_block.get(old.block_hash) == block_id:
+                    del held_block[old.block_hash]
+                held[block_id] = _Held(block_hash, parent, depth + index, epoch)
+                held_block[block_hash] = block_id
+            parent = block_hash
 
     def _depth_after(self, parent_hash: int | None) -> int:
         """Chain position of the block after ``parent_hash``."""
