@@ -43,6 +43,9 @@ look up only the new tokens, check the context in O(1)):
   retired, never demoted). Serve conversations through ``RequestCache`` when
   weights change.
 
+Beyond the allocator's public API it reads what sessions read: the facade's structure key
+(``_structure_key``) and the engine's ``hash_of`` (whether a registration held).
+
 Refusals: the running check, the tokens and ``reserve`` are checked before
 anything changes. A refused ``admit`` (``CapacityError``) after a promotion
 leaves the promoted blocks cached and their copies queued, as

@@ -132,6 +132,9 @@ def test_a_new_weight_epoch_ends_what_sessions_can_do(engine: str) -> None:
         session.turn([4], [5])
     with pytest.raises(ConfigError, match="weight epoch"):
         tier.open_session()
+    verifying = small_allocator(engine, block_size_tokens=BLOCK, verify_prefix_hits=True)
+    with pytest.raises(ConfigError, match="verify_prefix_hits"):
+        TieredCache(verifying, HostTier(4, block_size=BLOCK)).open_session()
     pushed_out_ids = tier.allocate(8)  # the retired blocks are handed out: never demoted
     assert pushed_out_ids is not None and tier.stats().num_demoted_blocks == 0
     tier.check()
