@@ -15,28 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from prefixcache.engine.block_ids import to_int_array
 from prefixcache.engine.core import fused_core
 from prefixcache.engine.facade_view import FacadeView
 from prefixcache.engine.pins import room_beside
+from prefixcache.engine.session_inputs import checked_tokens, valid_prefix_length
+from prefixcache.engine.validation import require_int
 from prefixcache.errors import BlockStateError, CapacityError, InvalidArgumentError
 
 __all__ = ["Session"]
 
 _EMPTY = np.empty(0, dtype=np.int32)
-_INT32 = np.iinfo(np.int32)
-
-
-def _tokens(tokens: Any) -> np.ndarray:
-    """``tokens`` as an int32 array, refused (before any change) outside int32 or empty."""
-    if type(tokens) is np.ndarray and tokens.dtype == np.int32 and tokens.ndim == 1 and tokens.size:
-        return tokens  # what a tokenizer hands over: nothing to convert or check
-    array = to_int_array(tokens, "tokens")
-    if array.size and (int(array.min()) < _INT32.min or int(array.max()) > _INT32.max):
-        raise InvalidArgumentError("tokens must lie in the int32 range")
-    if not array.size:
-        raise InvalidArgumentError("a turn or an append needs at least one token")
-    return array.astype(np.int32)
 
 
 class Session:
@@ -105,6 +93,29 @@ class Session:
         """The running turn's block table row: a view of the session's own array."""
         return self._ids[: self._num_held]
 
+    def block_ids_from(self, first: int) -> np.ndarray:
+        """The running turn's row from block ``first`` on (a view; O(1)): the blocks a step
+        handed out or registered, without the context before them.
+
+        Raises:
+            InvalidArgumentError: ``first`` is not an int in ``0..len(block_ids)``.
+        """
+        first = require_int(first, "first", minimum=0, maximum=self._num_held)
+        return self._ids[first : self._num_held]
+
+    def chain_hashes(self, first: int = 0, stop: int | None = None) -> list[int]:
+        """The chained hashes of the conversation's full blocks ``first..stop-1`` (default:
+        to the end; ``num_tokens // block_size`` in all): what the session registered or
+        looked up there. O(stop - first).
+
+        Raises:
+            InvalidArgumentError: not ``0 <= first <= stop <= num_tokens // block_size``.
+        """
+        known = len(self._hashes)
+        stop = known if stop is None else require_int(stop, "stop", minimum=0, maximum=known)
+        first = require_int(first, "first", minimum=0, maximum=stop)
+        return self._hashes[first:stop]
+
     # ------------------------------------------------------------------ a turn
 
     def turn(self, tokens: Any, response: Any, start: int = 0) -> int:
@@ -123,7 +134,7 @@ class Session:
         """
         if self._num_held:
             raise BlockStateError("a turn of this session is running; release() it first")
-        reply = _tokens(response)  # checked before anything changes
+        reply = checked_tokens(response)  # checked before anything changes
         if start:
             if not 0 <= start <= len(tokens):
                 raise InvalidArgumentError(f"start {start} is outside the {len(tokens)} tokens")
@@ -133,20 +144,24 @@ class Session:
         self.release()
         return num_hit
 
-    def admit(self, tokens: Any) -> int:
+    def admit(self, tokens: Any, *, reserve: int = 0) -> int:
         """Start a turn whose prompt is the conversation so far plus ``tokens``.
 
         Pins the cached context, matches the new full blocks, allocates the
         rest (evicting through the policy) and registers the new full blocks.
+        ``reserve`` tokens more (a response to come) must fit beside the
+        prompt, or the admit is refused: what :meth:`turn` checks, for a
+        caller that runs the turn's steps apart (a tiered session).
 
         Returns:
             How many leading blocks of the prompt came from the cache.
 
         Raises:
             BlockStateError: a turn is running (release it first).
-            InvalidArgumentError, InvalidTensorError: malformed or no tokens.
-            CapacityError: the pool cannot hold the prompt even after
-                eviction. Nothing changes, the session included.
+            InvalidArgumentError, InvalidTensorError: malformed or no tokens,
+                ``reserve`` not an int >= 0.
+            CapacityError: the pool cannot hold the prompt (and ``reserve``)
+                even after eviction. Nothing changes, the session included.
 
         Complexity: O(len(tokens)) hashing and matching, O(1) to check the
         context and pin its chain (O(context blocks) reference updates with
@@ -154,14 +169,14 @@ class Session:
         """
         if self._num_held:
             raise BlockStateError("a turn of this session is running; release() it first")
-        return self._admit(tokens, 0)
+        return self._admit(tokens, require_int(reserve, "reserve", minimum=0))
 
     def _admit(self, tokens: Any, reserve: int) -> int:
         """:meth:`admit`, whose capacity check also counts ``reserve`` tokens after the
         prompt (:meth:`turn`'s response)."""
         host = self._host
         size = host.block_size_tokens
-        fresh = _tokens(tokens)
+        fresh = checked_tokens(tokens)
         prompt = np.concatenate([self._pending, fresh]) if self._pending.size else fresh
         num_tokens = self._num_tokens + len(fresh)
         parent = self._hashes[-1] if self._hashes else None
@@ -243,7 +258,7 @@ class Session:
             raise BlockStateError("no turn of this session is running; admit() one first")
         host = self._host
         size = host.block_size_tokens
-        fresh = _tokens(tokens)
+        fresh = checked_tokens(tokens)
         pending = np.concatenate([self._pending, fresh])
         num_tokens = self._num_tokens + len(fresh)
         needed = -(-num_tokens // size) - self._num_held
@@ -409,16 +424,7 @@ class Session:
         def valid(index: int) -> bool:
             return bool(registrations(ids[index : index + 1])[0] == generations[index])
 
-        if valid(known - 1):
-            return known
-        low, high = 0, known - 1  # blocks before low valid, block high not
-        while low < high:
-            middle = (low + high) // 2
-            if valid(middle):
-                low = middle + 1
-            else:
-                high = middle
-        return low
+        return valid_prefix_length(valid, known)
 
     def _grow(self, num_blocks: int) -> None:
         """Make room for ``num_blocks`` IDs in place (doubling), keeping the row's contents

@@ -60,7 +60,9 @@ class SessionHandle(Protocol):
 
     ``block_ids`` is a numpy view of the session's row (:class:`Session`) or a
     ``BlockIds`` copy of it (the native session); both have ``tolist()`` and the
-    buffer protocol.
+    buffer protocol. ``block_ids_from(first)`` and ``chain_hashes(first, stop)`` read
+    only part of the row and of the chain (what a tiered session reads after each step),
+    and ``admit``'s ``reserve`` widens its capacity check to a response to come.
     """
 
     @property
@@ -72,7 +74,11 @@ class SessionHandle(Protocol):
     @property
     def block_ids(self) -> Any: ...
 
-    def admit(self, tokens: Any) -> int: ...
+    def block_ids_from(self, first: int) -> Any: ...
+
+    def chain_hashes(self, first: int = 0, stop: int | None = None) -> list[int]: ...
+
+    def admit(self, tokens: Any, *, reserve: int = 0) -> int: ...
 
     def append(self, tokens: Any) -> None: ...
 

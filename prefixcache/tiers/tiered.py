@@ -22,7 +22,7 @@ could be demoted with another owner's K/V). See DESIGN.md, "Tiers".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,12 +31,15 @@ from prefixcache.engine.block_ids import BlockIdsLike, to_block_ids
 from prefixcache.engine.events import KVCacheEvent
 from prefixcache.engine.prefix_hashing import max_hash_of, to_hash, to_hash_list
 from prefixcache.engine.validation import require_int
-from prefixcache.errors import ConfigError, InvalidArgumentError
+from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.tiers.epochs import WeightEpochs
 from prefixcache.tiers.host import HostTier
 from prefixcache.tiers.remote import RemoteTier
 from prefixcache.tiers.tiered_results import TieredMatch, TieredStats
 from prefixcache.tiers.transfer import DEMOTE, LOAD, PROMOTE, STORE, HostKVStore, TransferPlan
+
+if TYPE_CHECKING:
+    from prefixcache.tiers.tiered_session import TieredSession
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +58,7 @@ class TieredCache:
     Methods by purpose:
 
     - Allocation: :meth:`allocate`, :meth:`release`, :meth:`evict`.
-    - Prefix reuse: :meth:`match`, :meth:`register`.
+    - Prefix reuse: :meth:`match`, :meth:`register`; conversations: :meth:`open_session`.
     - Copies: :meth:`take_transfer` (the queued demotions and promotions, in order).
     - Weights: :meth:`begin_weight_epoch`, :attr:`epochs`.
     - Introspection: :meth:`stats`, :meth:`take_events`, :meth:`check`.
@@ -266,6 +269,20 @@ class TieredCache:
         self._remember(ids, hashes, parent_hash, holds, epoch)
         return holds
 
+    def open_session(self) -> TieredSession:
+        """A conversation handle whose turns go through this tier (see :class:`TieredSession`).
+
+        Raises:
+            ConfigError: a weight epoch has begun (sessions hash from the
+                allocator's root, which carries no epoch), or the allocator
+                refuses sessions (verify mode).
+
+        Complexity: O(1).
+        """
+        from prefixcache.tiers.tiered_session import TieredSession
+
+        return TieredSession(self)
+
     # ------------------------------------------------------------------ copies and weights
 
     def take_transfer(self) -> TransferPlan:
@@ -317,17 +334,35 @@ class TieredCache:
         return device + self.host.take_events()
 
     def check(self) -> None:
-        """Check the allocator's and the host tier's invariants (tests and debugging).
+        """Check the allocator's and the host tier's invariants, and the tier's own: each
+        block it remembers carries the remembered hash or none (a block registered anew
+        behind its back breaks it), and its hash -> block index agrees. Tests and
+        debugging; O(remembered blocks).
 
         Raises:
             InvariantError: the first broken invariant.
         """
         self.allocator.check_invariants()
         self.host.check()
+        hash_of = self.allocator._engine.hash_of
+        for block_id, held in self._held.items():
+            carried = hash_of(block_id)
+            if carried is not None and carried != held.block_hash:
+                raise InvariantError(
+                    f"block {block_id} carries hash {carried}; the tier remembers "
+                    f"{held.block_hash} (registered behind the tier's back?)"
+                )
+        for block_hash, block_id in self._held_block.items():
+            held_by = self._held.get(block_id)
+            if held_by is None or held_by.block_hash != block_hash:
+                raise InvariantError(f"the tier indexes hash {block_hash} at block {block_id}")
 
     # ------------------------------------------------------------------ internals
 
-    def _demote_handed_out(self, block_ids: np.ndarray) -> None:
+    def _demote_handed_out(self, block_ids: Any, fresh: frozenset[int] = frozenset()) -> None:
+        """Queue demotions of what the handed-out ``block_ids`` held. ``fresh``: hashes the
+        same step registered after the hand-out (a tiered session's step, checked after it
+        returns), which count as not registered, as they were at the hand-out."""
         for block_id in block_ids.tolist():
             held = self._held.pop(block_id, None)
             if held is None:
@@ -337,7 +372,10 @@ class TieredCache:
             if (
                 self.epochs.is_retired(held.epoch)
                 or held.block_hash in self.host
-                or self.allocator.is_hash_registered(held.block_hash)
+                or (
+                    self.allocator.is_hash_registered(held.block_hash)
+                    and held.block_hash not in fresh
+                )
             ):
                 continue
             slot = self.host.put(
@@ -394,14 +432,18 @@ class TieredCache:
         epoch: int,
     ) -> None:
         depth = self._depth_after(parent_hash)
-        parents = [parent_hash, *hashes[:-1]]
-        for index in np.flatnonzero(holds).tolist():
-            block_id, block_hash = int(ids[index]), hashes[index]
-            old = self._held.get(block_id)
-            if old is not None and self._held_block.get(old.block_hash) == block_id:
-                del self._held_block[old.block_hash]
-            self._held[block_id] = _Held(block_hash, parents[index], depth + index, epoch)
-            self._held_block[block_hash] = block_id
+        held, held_block = self._held, self._held_block
+        parent = parent_hash
+        for index, (block_id, block_hash, carries) in enumerate(
+            zip(ids.tolist(), hashes, holds.tolist(), strict=True)
+        ):
+            if carries:
+                old = held.get(block_id)
+                if old is not None and held_block.get(old.block_hash) == block_id:
+                    del held_block[old.block_hash]
+                held[block_id] = _Held(block_hash, parent, depth + index, epoch)
+                held_block[block_hash] = block_id
+            parent = block_hash
 
     def _depth_after(self, parent_hash: int | None) -> int:
         """Chain position of the block after ``parent_hash``."""

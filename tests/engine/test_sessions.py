@@ -94,8 +94,10 @@ def run_program(
         session, twin = sessions[index], twins[index]
         if step == "admit" and not session.running:
             tokens = data.draw(tokens_st, label="tokens")
-            got = outcome(lambda s=session, t=tokens: s.admit(t), messages)
-            want = outcome(lambda w=twin, t=tokens: w.admit(t), messages)
+            # reserve (tokens more the capacity check covers) where the twin is a session too
+            reserve = 0 if isinstance(twin, Twin) else data.draw(RESERVES, label="reserve")
+            got = outcome(lambda s=session, t=tokens, r=reserve: s.admit(t, reserve=r), messages)
+            want = outcome(lambda w=twin, t=tokens, r=reserve: admit_of(w, t, r), messages)
             assert got == want
             if got[0] == "ok":
                 assert row_of(session) == row_of(twin)
@@ -164,7 +166,45 @@ def run_program(
         assert [s.num_tokens for s in sessions] == [
             len(t.tokens) if isinstance(t, Twin) else t.num_tokens for t in twins
         ]
+        compare_parts(data, ours, session, twin, messages)
         ours.check_invariants()
+
+
+RESERVES = st.sampled_from([0, 0, 3, 9, -1])
+"""admit's reserve: none, some, more than a small pool holds, and refused (-1)."""
+
+
+def admit_of(twin: Any, tokens: list[int], reserve: int) -> int:
+    """The twin's admit: a Twin takes no reserve (drawn 0 for it), a session does."""
+    if isinstance(twin, Twin):
+        return twin.admit(tokens)
+    hits: int = twin.admit(tokens, reserve=reserve)
+    return hits
+
+
+def compare_parts(
+    data: st.DataObject, ours: KVBlockAllocator, session: Any, twin: Any, messages: bool
+) -> None:
+    """The partial reads a tiered session makes after each step: the chain's hashes (the
+    conversation's full blocks hashed from the root) and the row from a block on, the same
+    on both sides; out-of-range arguments refused alike."""
+    chain = session.chain_hashes()
+    if isinstance(twin, Twin):
+        full = len(twin.tokens) // BLOCK * BLOCK
+        assert chain == (ours.hash_tokens(twin.tokens[:full]) if full else [])
+        if session.running:
+            assert session.block_ids_from(0).tolist() == twin.held
+        return
+    first = data.draw(st.integers(-1, len(chain) + 1), label="first")
+    stop = data.draw(st.one_of(st.none(), st.integers(-1, len(chain) + 1)), label="stop")
+    assert outcome(lambda: session.chain_hashes(first, stop), messages) == outcome(
+        lambda: twin.chain_hashes(first, stop), messages
+    )
+    held = len(twin.block_ids.tolist())
+    at = data.draw(st.integers(-1, held + 1), label="from")
+    assert outcome(lambda: session.block_ids_from(at).tolist(), messages) == outcome(
+        lambda: twin.block_ids_from(at).tolist(), messages
+    )
 
 
 POLICIES = ["lru", "fifo", "ref_zero", "auto", "lfu", "hazard"]

@@ -105,10 +105,39 @@ PyObject* with_engine(PyObject* py_self, Body body) {
   }
 }
 
-// admit(tokens) and append(tokens): the running check, then the tokens, then the step.
-PyObject* session_step(PyObject* py_self, PyObject* arg, bool admit) {
-  return with_engine(py_self, [arg, admit](SessionObject* self, Engine& engine) -> PyObject* {
+// An int argument in [minimum, maximum] (maximum < 0: none), refused as the Python
+// Session's require_int words it (the differential tests compare messages).
+bool index_arg(PyObject* arg, const char* name, long long minimum, long long maximum,
+               long long* out) {
+  int overflow = 0;
+  const long long value = PyLong_Check(arg) && !PyBool_Check(arg)
+                              ? PyLong_AsLongLongAndOverflow(arg, &overflow)
+                              : minimum - 1;
+  if (value == -1 && PyErr_Occurred()) return false;
+  if (!overflow && value >= minimum && (maximum < 0 || value <= maximum)) {
+    *out = value;
+    return true;
+  }
+  PyObject* repr = PyObject_Repr(arg);
+  if (!repr) return false;
+  const char* shown = PyUnicode_AsUTF8(repr);
+  std::string bounds = maximum < 0 ? "an int >= " + std::to_string(minimum)
+                                   : "an int in [" + std::to_string(minimum) + ", " +
+                                         std::to_string(maximum) + "]";
+  std::string message = std::string(name) + " must be " + bounds + ", got " + (shown ? shown : "?");
+  Py_DECREF(repr);
+  native_raise(ErrorKind::kInvalidArgument, message);
+  return false;
+}
+
+// admit(tokens, reserve=0) and append(tokens): the running check, then the tokens, then the
+// step (reserve: tokens more admit's capacity check covers, checked before the tokens).
+PyObject* session_step(PyObject* py_self, PyObject* arg, PyObject* reserve_arg, bool admit) {
+  return with_engine(py_self, [arg, reserve_arg, admit](SessionObject* self,
+                                                       Engine& engine) -> PyObject* {
     self->state->expect_running(!admit);
+    long long reserve = 0;
+    if (reserve_arg && !index_arg(reserve_arg, "reserve", 0, -1, &reserve)) return nullptr;
     Tokens tokens;
     if (!native_parse_tokens(self->engine, arg, &tokens)) return nullptr;
     if (!tokens.count) {
@@ -116,18 +145,70 @@ PyObject* session_step(PyObject* py_self, PyObject* arg, bool admit) {
                           "a turn or an append needs at least one token");
     }
     if (admit) {
-      return PyLong_FromLongLong(
-          self->state->admit(engine, self->engine->layout_epoch, tokens.data, tokens.count));
+      return PyLong_FromLongLong(self->state->admit_reserving(
+          engine, self->engine->layout_epoch, tokens.data, tokens.count,
+          static_cast<size_t>(reserve)));
     }
     self->state->append(engine, tokens.data, tokens.count);
     Py_RETURN_NONE;
   });
 }
 
-PyObject* session_admit(PyObject* py_self, PyObject* arg) { return session_step(py_self, arg, true); }
+PyObject* session_admit(PyObject* py_self, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"tokens", "reserve", nullptr};
+  PyObject* tokens = nullptr;
+  PyObject* reserve = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$O:admit", const_cast<char**>(names),
+                                   &tokens, &reserve)) {
+    return nullptr;
+  }
+  return session_step(py_self, tokens, reserve, true);
+}
 
 PyObject* session_append(PyObject* py_self, PyObject* arg) {
-  return session_step(py_self, arg, false);
+  return session_step(py_self, arg, nullptr, false);
+}
+
+// block_ids_from(first): the running turn's row from block ``first`` on (a BlockIds copy of
+// that part only). chain_hashes(first=0, stop=None): the conversation's full blocks' chained
+// hashes first..stop-1. What a tiered session reads after each step (O(what it asks for)).
+PyObject* session_block_ids_from(PyObject* py_self, PyObject* arg) {
+  SessionObject* self = session_of(py_self);
+  if (!self->state) return not_initialised();
+  const SessionState& state = *self->state;
+  long long first = 0;
+  if (!index_arg(arg, "first", 0, static_cast<long long>(state.num_held()), &first)) {
+    return nullptr;
+  }
+  return native_block_ids(state.ids() + first, state.num_held() - static_cast<size_t>(first));
+}
+
+PyObject* session_chain_hashes(PyObject* py_self, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"first", "stop", nullptr};
+  PyObject* first_arg = nullptr;
+  PyObject* stop_arg = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:chain_hashes", const_cast<char**>(names),
+                                   &first_arg, &stop_arg)) {
+    return nullptr;
+  }
+  SessionObject* self = session_of(py_self);
+  if (!self->state) return not_initialised();
+  const std::vector<int64_t>& hashes = self->state->hashes();
+  long long stop = static_cast<long long>(hashes.size());
+  if (stop_arg != Py_None && !index_arg(stop_arg, "stop", 0, stop, &stop)) return nullptr;
+  long long first = 0;
+  if (first_arg && !index_arg(first_arg, "first", 0, stop, &first)) return nullptr;
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(stop - first));
+  if (!list) return nullptr;
+  for (long long i = first; i < stop; ++i) {
+    PyObject* value = PyLong_FromLongLong(hashes[static_cast<size_t>(i)]);
+    if (!value) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i - first), value);
+  }
+  return list;
 }
 
 // turn(tokens, response, start=0): admit(tokens[start:]), append(response) and release() in
@@ -225,7 +306,16 @@ PyGetSetDef g_session_getset[] = {
 };
 
 PyMethodDef g_session_methods[] = {
-    {"admit", session_admit, METH_O, "admit(tokens) -> blocks served from the cache"},
+    {"admit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(session_admit)),
+     METH_VARARGS | METH_KEYWORDS,
+     "admit(tokens, *, reserve=0) -> blocks served from the cache (reserve: tokens more the "
+     "capacity check covers)"},
+    {"block_ids_from", session_block_ids_from, METH_O,
+     "block_ids_from(first) -> the running turn's row from block first on"},
+    {"chain_hashes",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(session_chain_hashes)),
+     METH_VARARGS | METH_KEYWORDS,
+     "chain_hashes(first=0, stop=None) -> the full blocks' chained hashes first..stop-1"},
     {"append", session_append, METH_O, "append(tokens): decoded tokens of the running turn"},
     {"release", session_release, METH_NOARGS, "release(): end the running turn"},
     {"turn", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(session_turn)),

@@ -42,6 +42,10 @@ class SessionState {
   /// served from the cache. Throws EngineError (nothing changed) when a turn runs or the
   /// pool cannot hold the prompt.
   int64_t admit(Engine& engine, int64_t epoch, const int32_t* tokens, size_t count);
+  /// admit, whose capacity check also covers ``reserve`` tokens after the prompt (a
+  /// response to come: turn's, or a caller running a turn's steps apart).
+  int64_t admit_reserving(Engine& engine, int64_t epoch, const int32_t* tokens, size_t count,
+                          size_t reserve);
   /// admit(tokens), append(response) (count >= 1 each), release() as one step: the capacity
   /// check covers both, so a refused turn changes nothing. Returns admit's hits.
   int64_t turn(Engine& engine, int64_t epoch, const int32_t* tokens, size_t count,
@@ -62,6 +66,8 @@ class SessionState {
   int64_t num_tokens() const noexcept { return num_tokens_; }
   size_t num_held() const noexcept { return num_held_; }
   const int32_t* ids() const noexcept { return ids_.data(); }
+  /// The chained hashes of the conversation's full blocks (num_tokens / block_size).
+  const std::vector<int64_t>& hashes() const noexcept { return hashes_; }
   /// Tokens hashed and hashes looked up so far (what a turn's cost follows).
   int64_t num_hashed_tokens() const noexcept { return num_hashed_tokens_; }
   int64_t num_looked_up() const noexcept { return num_looked_up_; }
@@ -91,9 +97,6 @@ class SessionState {
   /// Register ``count`` blocks of the row from ``first`` (chain positions ``first..``).
   void register_run(Engine& engine, size_t first, size_t count, const int64_t* hashes);
   void grow(size_t num_blocks);
-  /// admit's body; ``reserve`` tokens more must fit beside the prompt (turn's response).
-  int64_t admit_reserving(Engine& engine, int64_t epoch, const int32_t* tokens, size_t count,
-                          size_t reserve);
 
   const size_t block_size_;
   const uint64_t root_;
