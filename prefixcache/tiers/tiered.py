@@ -22,7 +22,7 @@ could be demoted with another owner's K/V). See DESIGN.md, "Tiers".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -36,10 +36,8 @@ from prefixcache.tiers.epochs import WeightEpochs
 from prefixcache.tiers.host import HostTier
 from prefixcache.tiers.remote import RemoteTier
 from prefixcache.tiers.tiered_results import TieredMatch, TieredStats
+from prefixcache.tiers.tiered_session import TieredSession
 from prefixcache.tiers.transfer import DEMOTE, LOAD, PROMOTE, STORE, HostKVStore, TransferPlan
-
-if TYPE_CHECKING:
-    from prefixcache.tiers.tiered_session import TieredSession
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,8 +277,6 @@ class TieredCache:
 
         Complexity: O(1).
         """
-        from prefixcache.tiers.tiered_session import TieredSession
-
         return TieredSession(self)
 
     # ------------------------------------------------------------------ copies and weights

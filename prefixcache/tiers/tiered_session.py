@@ -55,7 +55,7 @@ bookkeeping stays the allocator's (``TieredCache.check``). Not thread-safe.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -63,7 +63,9 @@ from prefixcache.engine.session_inputs import checked_tokens, valid_prefix_lengt
 from prefixcache.engine.sessions import SessionHandle
 from prefixcache.engine.validation import require_int
 from prefixcache.errors import BlockStateError, ConfigError, InvalidArgumentError
-from prefixcache.tiers.tiered import TieredCache
+
+if TYPE_CHECKING:  # the tier opens its sessions: no import back at run time
+    from prefixcache.tiers.tiered import TieredCache
 
 __all__ = ["TieredSession"]
 
