@@ -102,10 +102,19 @@ class PythonHitSteps:
         refs.last_access[unique] = self._clock
         refs.num_accesses[unique] += delta
 
-    def _discard_leaves(self, leaves: list[int], heard: Callable[[], None] | None = None) -> None:
-        """Take cached leaves out of the policy, then call ``heard``: all or none."""
+    def _discard_leaves(
+        self,
+        leaves: list[int],
+        heard: Callable[[], None] | None = None,
+        *,
+        before: Callable[[], None] | None = None,
+    ) -> None:
+        """Call ``before``, take cached leaves out of the policy, then call ``heard``: one
+        policy transaction, all or none (a raising hook leaves the policy as it was)."""
         journal = self._journal()
         try:
+            if before is not None:
+                before()
             for block_id in leaves:
                 journal.discard(block_id)
             if heard is not None:

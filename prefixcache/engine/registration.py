@@ -12,6 +12,7 @@ and write its own state last.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -119,16 +120,18 @@ class Registrar:
     """Commits registrations into the registry, telling the policy what changes.
 
     Validation of references is the engine's; this plans (with the functions
-    above), makes the fallible policy calls (a parent that gains a child stops
-    being a cached leaf; the optional ``on_register`` hook), then writes the
-    registry and the blocks' access history.
+    above), makes the fallible policy calls (the optional ``on_register`` hook,
+    then a parent that gains a child stops being a cached leaf) in one policy
+    transaction, as the native engine does, so a raising hook leaves the policy
+    as it was; then writes the registry and the blocks' access history.
 
     Args:
         registry: the engine's hash registry.
         refs: the engine's reference table (access history is written here).
         policy: the eviction policy.
         retains_unreferenced: False in ref-zero mode (no leaf is tracked).
-        discard_leaves: takes cached leaves out of the policy, all or none.
+        discard_leaves: ``(leaves, before=hook)``: calls ``hook``, then takes the cached
+            leaves out of the policy, in one policy transaction (all or none).
     """
 
     def __init__(
@@ -137,7 +140,7 @@ class Registrar:
         refs: ReferenceTable,
         policy: EvictionPolicy,
         retains_unreferenced: bool,
-        discard_leaves: Callable[[list[int]], None],
+        discard_leaves: Callable[..., None],
     ) -> None:
         self._registry = registry
         self._refs = refs
@@ -182,12 +185,14 @@ class Registrar:
         check_hash_assignment(registry, id_list, hashes)
         holders, new_list = plan_registration(registry, id_list, hashes)
         parents = [parent_id, *holders[:-1]]
+        observe = None
         if self._observe_registration is not None:
             depths = planned_depths(registry, id_list, parents, new_list)
-            for first, run in new_runs(new_list, hashes):
-                self._observe_registration(run, depths[id_list[first]])
+            told = [(run, depths[id_list[first]]) for first, run in new_runs(new_list, hashes)]
+            observe = partial(self._tell, told)
         gaining_child = dict.fromkeys(parents[i] for i in range(len(new_list)) if new_list[i])
-        self._discard_leaves([p for p in gaining_child if self._is_tracked_leaf(p)])
+        leaves = [p for p in gaining_child if self._is_tracked_leaf(p)]
+        self._discard_leaves(leaves, before=observe)
         for index, (block_id, block_hash) in enumerate(zip(id_list, hashes, strict=True)):
             if new_list[index]:
                 registry.register(block_id, block_hash, parents[index])
@@ -200,15 +205,23 @@ class Registrar:
     def _register_fresh_chain(
         self, ids: np.ndarray, id_list: list[int], hashes: list[int], parent_id: int, clock: int
     ) -> None:
+        leaves = [parent_id] if self._is_tracked_leaf(parent_id) else []
         if self._observe_registration is not None:
             first_depth = 0 if parent_id == ROOT else self._registry.depth_of[parent_id] + 1
-            self._observe_registration(hashes, int(first_depth))
-        if self._is_tracked_leaf(parent_id):
+            told = [(hashes, int(first_depth))]
+            self._discard_leaves(leaves, before=partial(self._tell, told))
+        elif leaves:
             self._policy.discard(parent_id)  # the only fallible call: before any change
         self._registry.register_chain(ids, id_list, hashes, parent_id)
         self._refs.last_access[ids] = clock
         self._refs.num_accesses[ids] = 1
         self._refs.pin_stamp[ids] = self._refs.pin_pending[ids] = 0
+
+    def _tell(self, told: list[tuple[list[int], int]]) -> None:
+        """``on_register`` for each run of new hashes, inside the discards' transaction."""
+        assert self._observe_registration is not None
+        for run, depth in told:
+            self._observe_registration(run, depth)
 
     def _is_tracked_leaf(self, block_id: int) -> bool:
         """Whether ``block_id`` is a cached leaf, i.e. tracked by the policy."""

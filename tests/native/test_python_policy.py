@@ -87,8 +87,9 @@ _OPTIONAL = ("on_register", "evicts_first", "on_end", "on_hit")
 
 
 class RecordingLRU(LRUPolicy):
-    """LRU that records what each ``on_end`` and ``on_hit`` told it (both engines must
-    tell the same; a rolled-back call's record is taken back with the transaction)."""
+    """LRU that records what each ``on_end``, ``on_hit`` and ``on_register`` told it (both
+    engines must tell the same; a rolled-back call's record is taken back with the
+    transaction)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,6 +105,9 @@ class RecordingLRU(LRUPolicy):
 
     def on_hit(self, block_hashes: list[int]) -> None:
         self._record("on_hit", block_hashes)
+
+    def on_register(self, block_hashes: list[int], first_depth: int) -> None:
+        self._record(f"on_register@{first_depth}", block_hashes)
 
 
 def faulty(base: type[EvictionPolicy]) -> type[EvictionPolicy]:
@@ -446,3 +450,36 @@ def test_a_raising_on_hit_fails_the_hit_and_changes_nothing(engine: str) -> None
     policy.fault_in = -1  # type: ignore[attr-defined]
     assert len(allocator.match_prefix(hashes, acquire=True)) == 2
     assert policy.heard == [*heard, ("on_hit", hashes)]
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+@pytest.mark.parametrize("fault_in", [1, 2], ids=["on_register", "discard"])
+def test_a_raising_on_register_fails_the_registration_and_changes_nothing(
+    engine: str, fault_in: int
+) -> None:
+    """``on_register`` and the discard of the parent that gains a child are one transaction
+    on both engines: when either raises, the policy is as it was (the Python engine called
+    ``on_register`` outside any transaction, so a raising discard kept what it had told)."""
+    policy = faulty(RecordingLRU)()
+    allocator = KVBlockAllocator(
+        total_count=TOTAL_COUNT,
+        block_size_tokens=BLOCK_SIZE,
+        device="cpu",
+        eviction_policy=policy,
+        engine=engine,
+    )
+    tokens = [1, 0, 1, 1]
+    assert serve_composed(allocator, tokens[:BLOCK_SIZE], BLOCK_SIZE, keep=False) is not None
+    hashes = allocator.hash_tokens(tokens)
+    new = allocator.allocate_memory_blocks(1)
+    before, order, heard = state_digest(allocator), _order(policy), list(policy.heard)
+    assert len(order) == 1  # the parent is a cached leaf: registering a child discards it
+    policy.fault_in = fault_in  # type: ignore[attr-defined]
+    with pytest.raises(InjectedFault, match="on_register" if fault_in == 1 else "discard"):
+        allocator.register_kv_block_hashes(new, hashes[1:2], parent_hash=hashes[0])
+    assert state_digest(allocator) == before and _order(policy) == order
+    assert policy.heard == heard
+    policy.fault_in = -1  # type: ignore[attr-defined]
+    allocator.register_kv_block_hashes(new, hashes[1:2], parent_hash=hashes[0])
+    assert policy.heard == [*heard, ("on_register@1", hashes[1:2])]
+    assert _order(policy) == []
