@@ -425,11 +425,8 @@ def test_a_python_policy_keeps_the_python_session() -> None:
     assert not isinstance(by_name.open_session(), Session)
 
 
-@pytest.mark.parametrize("engine", ["python", "native"])
-def test_a_raising_on_hit_fails_the_hit_and_changes_nothing(engine: str) -> None:
-    """``on_hit`` runs inside the hit's transaction on both engines: when it raises, the
-    references, counters and the policy's discards are all taken back (the Python engine
-    had kept the references: it called the hook after writing them)."""
+def recording_allocator(engine: str) -> tuple[Any, KVBlockAllocator]:
+    """A faulty ``RecordingLRU`` object and an allocator on ``engine`` running it."""
     policy = faulty(RecordingLRU)()
     allocator = KVBlockAllocator(
         total_count=TOTAL_COUNT,
@@ -438,6 +435,15 @@ def test_a_raising_on_hit_fails_the_hit_and_changes_nothing(engine: str) -> None
         eviction_policy=policy,
         engine=engine,
     )
+    return policy, allocator
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_raising_on_hit_fails_the_hit_and_changes_nothing(engine: str) -> None:
+    """``on_hit`` runs inside the hit's transaction on both engines: when it raises, the
+    references, counters and the policy's discards are all taken back (the Python engine
+    had kept the references: it called the hook after writing them)."""
+    policy, allocator = recording_allocator(engine)
     tokens = [1, 0, 1, 1, 0]
     assert serve_composed(allocator, tokens, BLOCK_SIZE, keep=False) is not None
     before, order, heard = state_digest(allocator), _order(policy), list(policy.heard)
@@ -460,14 +466,7 @@ def test_a_raising_on_register_fails_the_registration_and_changes_nothing(
     """``on_register`` and the discard of the parent that gains a child are one transaction
     on both engines: when either raises, the policy is as it was (the Python engine called
     ``on_register`` outside any transaction, so a raising discard kept what it had told)."""
-    policy = faulty(RecordingLRU)()
-    allocator = KVBlockAllocator(
-        total_count=TOTAL_COUNT,
-        block_size_tokens=BLOCK_SIZE,
-        device="cpu",
-        eviction_policy=policy,
-        engine=engine,
-    )
+    policy, allocator = recording_allocator(engine)
     tokens = [1, 0, 1, 1]
     assert serve_composed(allocator, tokens[:BLOCK_SIZE], BLOCK_SIZE, keep=False) is not None
     hashes = allocator.hash_tokens(tokens)
