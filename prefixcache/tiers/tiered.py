@@ -35,6 +35,7 @@ from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.tiers.epochs import WeightEpochs
 from prefixcache.tiers.host import HostTier
 from prefixcache.tiers.remote import RemoteTier
+from prefixcache.tiers.tiered_layout import TieredLayout
 from prefixcache.tiers.tiered_results import TieredMatch, TieredStats
 from prefixcache.tiers.tiered_session import TieredSession
 from prefixcache.tiers.transfer import DEMOTE, LOAD, PROMOTE, STORE, HostKVStore, TransferPlan
@@ -50,12 +51,12 @@ class _Held:
     epoch: int
 
 
-class TieredCache:
+class TieredCache(TieredLayout):
     """Device blocks with a host tier behind them: demotion on eviction, promotion on match.
 
     Methods by purpose:
 
-    - Allocation: :meth:`allocate`, :meth:`release`, :meth:`evict`.
+    - Allocation: :meth:`allocate`, :meth:`release`, :meth:`evict`, :meth:`apply_defragment`.
     - Prefix reuse: :meth:`match`, :meth:`register`; conversations: :meth:`open_session`.
     - Copies: :meth:`take_transfer` (the queued demotions and promotions, in order).
     - Weights: :meth:`begin_weight_epoch`, :attr:`epochs`.
@@ -113,6 +114,7 @@ class TieredCache:
             self._slot_bytes = store.bytes_per_slot()
             host.on_evict = self._store_remote
         self._num_demoted = self._num_promoted = 0
+        self._layout = allocator._layout_epoch
 
     # ------------------------------------------------------------------ allocation
 
@@ -131,6 +133,7 @@ class TieredCache:
 
         Complexity: O(num_blocks) plus the allocator's and host policy's work.
         """
+        self._follow_layout()
         ids = self.allocator.allocate_memory_blocks(num_blocks)
         if ids is None:
             return None
@@ -199,6 +202,7 @@ class TieredCache:
         Complexity: O(matched blocks) plus allocation of the promoted ones.
         """
         hashes = to_hash_list(block_hashes, "block_hashes", self._max_hash)
+        self._follow_layout()
         device = self.allocator.match_prefix(
             hashes, acquire=True, num_tokens=num_tokens, resumed=resumed
         )

@@ -148,6 +148,7 @@ class TieredSession:
         reserve = require_int(reserve, "reserve", minimum=0)
         fresh = checked_tokens(tokens)
         _refuse_new_epoch(self._tier)
+        self._tier._follow_layout()  # before anything is handed out
         matched = self._promote_lost_context()
         try:
             num_hit = self._inner.admit(fresh, reserve=reserve)
@@ -167,6 +168,7 @@ class TieredSession:
         """
         size = self._size
         before = self._inner.num_tokens
+        self._tier._follow_layout()
         self._inner.append(tokens)
         self._after_step(before // size, -(-before // size))
 
