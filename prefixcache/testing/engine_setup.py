@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hypothesis import HealthCheck, settings
+
 from prefixcache import policies
 from prefixcache.engine.allocator import KVBlockAllocator
 from prefixcache.engine.native_engine import NATIVE_POLICIES, native_available
@@ -28,6 +30,7 @@ __all__ = [
     "cache_chain",
     "open_session",
     "outcome",
+    "program_settings",
     "small_allocator",
 ]
 
@@ -105,3 +108,16 @@ def outcome(call: Callable[[], Any], messages: bool = False) -> object:
         return ("ok", call())
     except PrefixCacheError as error:
         return ("raised", type(error).__name__) + ((str(error),) if messages else ())
+
+
+def program_settings(max_examples: int) -> settings:
+    """Hypothesis settings for random programs run on both engines: the same programs on
+    every run (derandomized: CI sees what a developer saw), no deadline (a program's steps
+    vary in cost), and the health checks such programs trip by design (slow data, the
+    function-scoped engine fixtures) off."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )

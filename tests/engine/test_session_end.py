@@ -16,13 +16,19 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixcache import BlockStateError
 from prefixcache.engine.native_engine import native_available
 from prefixcache.testing import state_digest
-from prefixcache.testing.engine_setup import SESSION_KINDS, open_session, outcome, small_allocator
+from prefixcache.testing.engine_setup import (
+    SESSION_KINDS,
+    open_session,
+    outcome,
+    program_settings,
+    small_allocator,
+)
 from prefixcache.testing.pinned import Twin, as_full_references
 
 BLOCK = 2
@@ -137,12 +143,7 @@ def _program(
         ours.check_invariants()
 
 
-PROGRAMS = settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROGRAMS = program_settings(40)
 
 
 @pytest.mark.parametrize("kind", KINDS)

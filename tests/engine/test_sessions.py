@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixcache import (
@@ -41,7 +41,13 @@ from prefixcache.engine.locked import ThreadSafeAllocator
 from prefixcache.engine.native_engine import native_available
 from prefixcache.engine.sessions import Session
 from prefixcache.testing import state_digest
-from prefixcache.testing.engine_setup import SESSION_KINDS, open_session, outcome, small_allocator
+from prefixcache.testing.engine_setup import (
+    SESSION_KINDS,
+    open_session,
+    outcome,
+    program_settings,
+    small_allocator,
+)
 from prefixcache.testing.pinned import Twin, as_full_references
 
 BLOCK = 2
@@ -213,12 +219,7 @@ down); full references with ref_zero (nothing cached) and auto (hears of every h
 TOTALS = [7, 10, 14]
 """Small pools: eviction with pinned sessions, the last resort when no leaf is left."""
 
-PROGRAMS = settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROGRAMS = program_settings(60)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixcache.testing.engine_setup import small_allocator
+from prefixcache.testing.engine_setup import program_settings, small_allocator
 from prefixcache.tiers import HostTier, TieredCache
 
 BLOCK = 2
@@ -112,12 +112,7 @@ def same_state(ours: TieredCache, theirs: TieredCache, session: Any, twin: ByHan
     theirs.check()
 
 
-PROGRAMS = settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROGRAMS = program_settings(40)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
