@@ -35,7 +35,7 @@ from prefixcache.errors import ConfigError, InvalidArgumentError, InvariantError
 from prefixcache.tiers.epochs import WeightEpochs
 from prefixcache.tiers.host import HostTier
 from prefixcache.tiers.remote import RemoteTier
-from prefixcache.tiers.tiered_layout import TieredLayout
+from prefixcache.tiers.tiered_layout import TieredLayout, forget_record
 from prefixcache.tiers.tiered_results import TieredMatch, TieredStats
 from prefixcache.tiers.tiered_session import TieredSession
 from prefixcache.tiers.transfer import DEMOTE, LOAD, PROMOTE, STORE, HostKVStore, TransferPlan
@@ -139,8 +139,6 @@ class TieredCache(TieredLayout):
             return None
         block_ids = ids.numpy()
         self._demote_handed_out(block_ids)
-        if self.reclaim_per_call:
-            self.host.reclaim(self.reclaim_per_call)
         return block_ids
 
     def evict(self, num_blocks: int) -> int:
@@ -360,15 +358,14 @@ class TieredCache(TieredLayout):
     # ------------------------------------------------------------------ internals
 
     def _demote_handed_out(self, block_ids: Any, fresh: frozenset[int] = frozenset()) -> None:
-        """Queue demotions of what the handed-out ``block_ids`` held. ``fresh``: hashes the
-        same step registered after the hand-out (a tiered session's step, checked after it
-        returns), which count as not registered, as they were at the hand-out."""
+        """Queue demotions of what the handed-out ``block_ids`` held, then drop a few
+        retired-epoch host entries (``reclaim_per_call``). ``fresh``: hashes the same step
+        registered after the hand-out (a tiered session's step, checked after it returns),
+        which count as not registered, as they were at the hand-out."""
         for block_id in block_ids.tolist():
-            held = self._held.pop(block_id, None)
+            held = forget_record(self._held, self._held_block, block_id)
             if held is None:
                 continue
-            if self._held_block.get(held.block_hash) == block_id:
-                del self._held_block[held.block_hash]
             if (
                 self.epochs.is_retired(held.epoch)
                 or held.block_hash in self.host
@@ -384,6 +381,8 @@ class TieredCache(TieredLayout):
             if slot is not None:
                 self._queue.append((DEMOTE, block_id, slot))
                 self._num_demoted += 1
+        if self.reclaim_per_call:
+            self.host.reclaim(self.reclaim_per_call)
 
     def _store_remote(self, block_hash: int, slot: int) -> None:
         """The host tier is about to reuse ``slot``: queue its bytes for the remote tier first."""
@@ -438,9 +437,7 @@ class TieredCache(TieredLayout):
             zip(ids.tolist(), hashes, holds.tolist(), strict=True)
         ):
             if carries:
-                old = held.get(block_id)
-                if old is not None and held_block.get(old.block_hash) == block_id:
-                    del held_block[old.block_hash]
+                forget_record(held, held_block, block_id)
                 held[block_id] = _Held(block_hash, parent, depth + index, epoch)
                 held_block[block_hash] = block_id
             parent = block_hash

@@ -65,9 +65,7 @@ def move_records(
     """
     moving = {source: held.pop(source) for source in sources if source in held}
     for destination in destinations:
-        old = held.pop(destination, None)
-        if old is not None and index.get(old.block_hash) == destination:
-            del index[old.block_hash]
+        forget_record(held, index, destination)
     for source, destination in zip(sources, destinations, strict=True):
         record = moving.get(source)
         if record is not None:
@@ -86,7 +84,14 @@ def forget_unheld(
         block_id for block_id, record in held.items() if hash_of(block_id) != record.block_hash
     ]
     for block_id in stale:
-        record = held.pop(block_id)
-        if index.get(record.block_hash) == block_id:
-            del index[record.block_hash]
+        forget_record(held, index, block_id)
     return len(stale)
+
+
+def forget_record(held: dict[int, Any], index: dict[int, int], block_id: int) -> Any:
+    """Drop ``block_id``'s record and its index entry (if the index still points there);
+    return the record, or None when there was none. Complexity: O(1)."""
+    record = held.pop(block_id, None)
+    if record is not None and index.get(record.block_hash) == block_id:
+        del index[record.block_hash]
+    return record

@@ -234,8 +234,6 @@ class TieredSession:
         )
         fresh = frozenset(h for h, held in zip(run, holds.tolist(), strict=True) if held)
         tier._demote_handed_out(ids[handed_from - first :], fresh)
-        if tier.reclaim_per_call:
-            tier.host.reclaim(tier.reclaim_per_call)
         if run:
             tier._remember(run_ids, run, parent, holds, _EPOCH)
 
