@@ -227,15 +227,11 @@ class TieredSession:
         run = chain[1:] if first else chain
         run_ids = ids[: len(run)]
         hash_of = tier.allocator._engine.hash_of
-        holds = np.fromiter(
-            (hash_of(b) == h for b, h in zip(run_ids.tolist(), run, strict=True)),
-            dtype=bool,
-            count=len(run),
-        )
-        fresh = frozenset(h for h, held in zip(run, holds.tolist(), strict=True) if held)
+        carried = [hash_of(b) == h for b, h in zip(run_ids.tolist(), run, strict=True)]
+        fresh = frozenset(h for h, held in zip(run, carried, strict=True) if held)
         tier._demote_handed_out(ids[handed_from - first :], fresh)
         if run:
-            tier._remember(run_ids, run, parent, holds, _EPOCH)
+            tier._remember(run_ids, run, parent, np.array(carried, dtype=bool), _EPOCH)
 
     def _promote_lost_context(self) -> np.ndarray | None:
         """Match the remembered context through the tier when its device tail is gone and the
